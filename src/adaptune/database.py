@@ -1,0 +1,137 @@
+"""Records and resume: a MetaSchedule JSONDatabase plus adaptune's knob vectors, in one work dir.
+
+Every measured candidate is written the moment its result is known: successes go to TVM's
+``database_tuning_record.json`` (so ``ms.database.JSONDatabase`` and TVM's compile-with-database
+helpers use the work dir as-is), and every outcome, failures included, to
+``adaptune_records.jsonl`` with its knob vector, flushed and fsync'ed.  Reopening the work dir
+resumes: both files are read back (a truncated or corrupt line, e.g. from kill -9 mid-write, is
+dropped with a warning), successes that reached TVM's file but not ours are recovered by encoding
+their traces, and nothing already measured is measured again.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+import tvm_ffi
+
+from ._tvm import ms
+from .measure import MeasureResult
+
+log = logging.getLogger("adaptune")
+
+RECORDS = "adaptune_records.jsonl"
+META = "adaptune.json"
+TVM_FILES = ("database_workload.json", "database_tuning_record.json")
+INVALID = "invalid"
+
+
+class WorkDirError(ValueError):
+    """A work dir that cannot be used as asked (records present without resume, other workload)."""
+
+
+def repair_jsonl(path: Path) -> int:
+    """Drop lines that are not valid JSON (a torn last write); returns how many were dropped."""
+    if not path.exists():
+        return 0
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    good, bad = [], 0
+    for ln in lines:
+        if not ln.strip():
+            continue
+        try:
+            json.loads(ln)
+            good.append(ln)
+        except ValueError:
+            bad += 1
+    if bad:
+        log.warning("%s: dropped %d unreadable line(s) (interrupted write?)", path, bad)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(b"".join(g + b"\n" for g in good))
+        os.replace(tmp, path)
+    return bad
+
+
+class RecordStore:
+    """One workload's measured records in ``work_dir`` (one target per work dir)."""
+
+    def __init__(self, work_dir, space, *, resume: bool = False, label: str = ""):
+        self.dir = Path(work_dir)
+        self.space = space
+        meta = {"workload": label or "main", "target": str(space.target),
+                "workload_hash": str(tvm_ffi.structural_hash(space.mod)), "knob_sizes": space.sizes.tolist()}
+        meta_path = self.dir / META
+        if meta_path.exists() or (self.dir / RECORDS).exists():
+            if not resume:
+                raise WorkDirError(f"work dir {self.dir} already has tuning records; pass --resume to continue it "
+                                   "or choose another --work-dir")
+            old = json.loads(meta_path.read_text()) if meta_path.exists() else meta
+            for key in ("workload_hash", "target", "knob_sizes"):
+                if old.get(key) != meta[key]:
+                    raise WorkDirError(f"work dir {self.dir} holds another {key.replace('_', ' ')} "
+                                       f"({old.get(key)!r}); use a separate work dir")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        meta_path.write_text(json.dumps(meta, indent=1))
+        for name in TVM_FILES + (RECORDS,):
+            repair_jsonl(self.dir / name)
+        self.db = ms.database.JSONDatabase(work_dir=str(self.dir))
+        self.workload = self.db.commit_workload(space.mod)
+        self.records: dict[tuple, MeasureResult] = {}
+        self.order: list[tuple] = []
+        self._load()
+        self._file = open(self.dir / RECORDS, "a", encoding="utf-8")
+
+    def _load(self) -> None:
+        path = self.dir / RECORDS
+        if path.exists():
+            for ln in path.read_text().splitlines():
+                if ln.strip():
+                    r = json.loads(ln)
+                    self._remember(tuple(r["config"]), MeasureResult(r["error"], r.get("run_secs", []), r.get("message", "")))
+        recovered = []
+        for rec in self.db.get_top_k(self.workload, 1 << 30):
+            config = self.space.encode(rec.trace)
+            if config is not None and tuple(config) not in self.records:
+                res = MeasureResult("ok", [float(x) for x in rec.run_secs])
+                self._remember(tuple(int(x) for x in config), res)
+                recovered.append((config, res))
+        if recovered:
+            log.warning("recovered %d record(s) found only in TVM's database", len(recovered))
+            with open(path, "a", encoding="utf-8") as f:
+                for config, res in recovered:
+                    f.write(self._line(config, res))
+
+    def _remember(self, key: tuple, res: MeasureResult) -> None:
+        if key not in self.records:
+            self.order.append(key)
+        self.records[key] = res
+
+    @staticmethod
+    def _line(config, res: MeasureResult) -> str:
+        return json.dumps({"config": [int(x) for x in config], "error": res.error,
+                           "run_secs": res.run_secs, "message": res.message}) + "\n"
+
+    def add(self, config, sch, res: MeasureResult) -> None:
+        """Persist one outcome now: TVM's database first (successes), then the knob-vector log."""
+        if res.ok:
+            self.db.commit_tuning_record(ms.database.TuningRecord(
+                sch.trace, self.workload, run_secs=res.run_secs, target=self.space.target,
+                args_info=ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
+        self._file.write(self._line(config, res))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._remember(tuple(int(x) for x in config), res)
+
+    def close(self) -> None:
+        self._file.close()
+
+    # -- views ------------------------------------------------------------------------------------
+    def measured(self) -> tuple[np.ndarray, list]:
+        """Configs and latencies (None for failures / invalid) in measurement order."""
+        configs = np.array(self.order, dtype=np.int64).reshape(-1, self.space.ndim)
+        return configs, [self.records[k].latency for k in self.order]

@@ -1,0 +1,404 @@
+"""KnobSpace: MetaSchedule design spaces seen as Chameleon's knob vectors Θ ∈ D_Θ.
+
+MetaSchedule describes a design space as a trace whose sampling instructions carry decisions.
+We turn every sampling instruction into an integer knob over an explicit domain, plus one knob that
+picks the design space, so search strategies work on plain ``int64`` vectors:
+
+* ``SamplePerfectTile`` -> index into all ordered factorizations of the loop extent whose innermost
+  factor respects ``max_innermost_factor`` (exactly the set TVM samples from);
+* ``SampleCategorical`` -> index into its candidates;
+* ``SampleComputeLocation`` -> index into the locations valid in the design space (probed once,
+  since no TVM API lists them).
+
+Knobs with the same meaning in several design spaces (same kind, extent/candidates, occurrence)
+are shared, so a config is ``[space, knob_1, ..., knob_n]`` with the knobs a space does not use
+held at 0 (canonical form).  Decoding replays the trace with the chosen decisions and runs the
+postprocessors; TVM silently repairs some impossible decisions, so a config whose decisions come
+back changed is reported invalid rather than measured as something else.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from ._tvm import ms, s_tir, tvm
+
+SPACE, TILE, CATEGORICAL, LOCATION = "space", "tile", "categorical", "location"
+_PROBE_MAX = 4096
+
+
+class _Repaired(Exception):
+    """TVM replaced a requested decision with another one."""
+
+
+@dataclass
+class Knob:
+    kind: str
+    name: str
+    values: list                # the domain; a config stores an index into it
+    extent: int = 0             # tile knobs: the loop extent
+    _table: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.values)
+
+    def decision(self, index: int):
+        """The MetaSchedule decision for domain index ``index``."""
+        if self.kind == TILE:
+            return list(self.values[index])
+        return int(index) if self.kind == CATEGORICAL else int(self.values[index])
+
+    def index_of(self, decision) -> int:
+        """The domain index of a MetaSchedule decision (ValueError if outside the domain)."""
+        if self.kind == CATEGORICAL:
+            if not 0 <= int(decision) < self.size:
+                raise ValueError(decision)
+            return int(decision)
+        return self.values.index(tuple(decision) if self.kind == TILE else int(decision))
+
+    def feature_table(self) -> np.ndarray:
+        """Features for every domain value, rows indexed by knob value (cached)."""
+        if self._table is None:
+            if self.kind == TILE:
+                scale = max(math.log2(self.extent), 1.0)
+                t = np.log2(np.asarray(self.values, dtype=np.float64)) / scale
+            elif self.kind == CATEGORICAL:
+                v = np.log2(1.0 + np.asarray(self.values, dtype=np.float64))
+                t = (v / max(v.max(), 1.0))[:, None]
+            elif self.kind == SPACE:
+                t = np.eye(self.size)
+            else:
+                t = (np.arange(self.size) / max(self.size - 1, 1))[:, None]
+            self._table = t.astype(np.float32)
+        return self._table
+
+
+@lru_cache(maxsize=None)
+def perfect_tilings(extent: int, n: int, max_innermost_factor: int) -> tuple[tuple[int, ...], ...]:
+    """All ordered n-tuples with product ``extent`` and last factor <= max_innermost_factor (<=0: any)."""
+    def rec(rem: int, k: int):
+        if k == 1:
+            yield (rem,)
+            return
+        for d in range(1, rem + 1):
+            if rem % d == 0:
+                for rest in rec(rem // d, k - 1):
+                    yield (d,) + rest
+    out = rec(extent, n)
+    if max_innermost_factor > 0:
+        out = (t for t in out if t[-1] <= max_innermost_factor)
+    return tuple(out)
+
+
+def _decision_value(d):
+    return tuple(int(x) for x in d) if hasattr(d, "__len__") else int(d)
+
+
+def sampled_decisions(trace) -> list[tuple[str, object]]:
+    """(kind, decision) of every sampling instruction of a trace, in order."""
+    out = []
+    for inst in trace.insts:
+        if inst.kind.name.startswith("Sample"):
+            d = trace.decisions.get(inst)
+            out.append((inst.kind.name, None if d is None else _decision_value(d)))
+    return out
+
+
+def _probe_location(sch, block, value: int) -> int:
+    """The compute location TVM settles on when asked for ``value`` (it silently takes the largest
+    valid location <= value), probed on a copy of the schedule."""
+    probe = sch.copy()
+    probe.sample_compute_location(block, decision=value)
+    return int(probe.trace.decisions[probe.trace.insts[-1]])
+
+
+def valid_locations(sch, block) -> list[int]:
+    """Valid compute locations of ``block`` in the current schedule, ascending (-2 inline, -1 root).
+
+    No TVM API lists them; walking down from the largest costs one probe (a schedule copy, a few
+    ms) per valid location."""
+    found, value = [], _PROBE_MAX
+    while value >= -1:
+        got = _probe_location(sch, block, value)
+        found.append(got)
+        value = got - 1
+    if _probe_location(sch, block, -2) == -2:
+        found.append(-2)
+    return sorted(set(found))
+
+
+def _structure(trace) -> str:
+    """A trace's instructions without decisions: identifies which design space it came from."""
+    return str(trace.as_json(remove_postproc=True)[0])
+
+
+def as_module(mod) -> "tvm.IRModule":
+    """Accept a PrimFunc or an IRModule with one PrimFunc; return an IRModule whose ``main`` has a
+    global symbol (a PrimFunc taken out of a Relax module has none and would not build)."""
+    if isinstance(mod, tvm.tirx.PrimFunc):
+        mod = tvm.IRModule({"main": mod})
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"expected a TIR PrimFunc or IRModule, got {type(mod).__name__}")
+    funcs = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    if len(funcs) != 1:
+        raise ValueError(f"expected exactly one PrimFunc in the module, found {len(funcs)}")
+    gv, func = funcs[0]
+    if gv.name_hint != "main" or func.attrs is None or "global_symbol" not in func.attrs:
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    return mod
+
+
+class KnobSpace:
+    """The union of a workload's MetaSchedule design spaces as integer knob vectors."""
+
+    def __init__(self, mod, target, *, seed: int = 0, design_spaces=None, postprocs=None,
+                 num_threads: int = 1):
+        self.mod = as_module(mod)
+        self.target = target
+        self.seed = seed
+        if design_spaces is None or postprocs is None:
+            ctx = ms.TuneContext(mod=self.mod, target=target,
+                                 space_generator=ms.space_generator.PostOrderApply(),
+                                 task_name="main", rand_state=max(seed, 1), num_threads=num_threads)
+            design_spaces = design_spaces or ctx.generate_design_space()
+            postprocs = postprocs or ctx.space_generator.postprocs
+        self.traces = [sch.trace for sch in design_spaces]
+        self.postprocs = list(postprocs)
+        self._structures = [_structure(t) for t in self.traces]
+        self.knobs: list[Knob] = [Knob(SPACE, "space", list(range(len(self.traces))))]
+        self._space_insts: list[list[tuple[object, int]]] = []   # per space: (instruction, knob index)
+        self._fixed_kinds: set[str] = set()
+        self._cache: dict[tuple, tuple] = {}
+        self._loc_cache: dict[tuple, list[int]] = {}
+        self._build_knobs()
+        self.sizes = np.array([k.size for k in self.knobs], dtype=np.int64)
+        self.active = np.zeros((len(self.traces), len(self.knobs)), dtype=bool)
+        self.active[:, 0] = True
+        for s, pairs in enumerate(self._space_insts):
+            for _, k in pairs:
+                self.active[s, k] = True
+
+    # -- construction -------------------------------------------------------------------------------
+    def _build_knobs(self) -> None:
+        index: dict[tuple, int] = {}
+        for s, trace in enumerate(self.traces):
+            seen: dict[tuple, int] = {}
+            pairs = []
+            for inst in trace.insts:
+                kind = inst.kind.name
+                if not kind.startswith("Sample"):
+                    continue
+                if kind == "SamplePerfectTile":
+                    n, max_inner = int(inst.attrs[0]), int(inst.attrs[1])
+                    extent = math.prod(int(x) for x in trace.decisions[inst])
+                    sig = (TILE, extent, n, max_inner)
+                elif kind == "SampleCategorical":
+                    sig = (CATEGORICAL, tuple(int(c) for c in inst.attrs[0]))
+                elif kind == "SampleComputeLocation":
+                    sig = (LOCATION, self._location_count(trace, inst))
+                else:   # a sampling kind we do not model keeps the design space's decision
+                    self._fixed_kinds.add(kind)
+                    continue
+                occ = seen.get(sig, 0)
+                seen[sig] = occ + 1
+                key = sig + (occ,)
+                if key not in index:
+                    index[key] = len(self.knobs)
+                    self.knobs.append(self._make_knob(sig, len(self.knobs)))
+                pairs.append((inst, index[key]))
+            self._space_insts.append(pairs)
+
+    @staticmethod
+    def _make_knob(sig: tuple, i: int) -> Knob:
+        if sig[0] == TILE:
+            _, extent, n, max_inner = sig
+            return Knob(TILE, f"k{i}:tile{extent}/{n}", list(perfect_tilings(extent, n, max_inner)), extent)
+        if sig[0] == CATEGORICAL:
+            return Knob(CATEGORICAL, f"k{i}:cat{list(sig[1])}", list(sig[1]))
+        return Knob(LOCATION, f"k{i}:loc", list(range(sig[1])))
+
+    def _location_count(self, trace, inst) -> int:
+        """Domain size of a compute-location knob: the most valid locations seen at the design
+        space's own tiling and 16 random tilings (which locations are valid depends on the tiling;
+        an index past the end of the valid list is clipped to the last one)."""
+        rng = np.random.default_rng(self.seed)
+        count = 1
+        for attempt in range(17):
+            def provider(i, inputs, attrs, decision):
+                nonlocal count
+                if i.same_as(inst):
+                    count = max(count, len(valid_locations(sch, inputs[0])))
+                    return decision
+                if attempt and i.kind.name == "SamplePerfectTile":
+                    n, max_inner = int(attrs[0]), int(attrs[1])
+                    choices = perfect_tilings(math.prod(int(x) for x in decision), n, max_inner)
+                    return list(choices[rng.integers(len(choices))])
+                return decision
+            sch = s_tir.Schedule(self.mod, seed=1, debug_mask="none")
+            try:
+                trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
+            except Exception:  # noqa: BLE001 - a random tiling TVM refuses teaches us nothing
+                continue
+        return count
+
+    # -- vectors ------------------------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.knobs)
+
+    def canonical(self, configs: np.ndarray) -> np.ndarray:
+        """Zero the knobs the chosen design space does not use, so equal schedules compare equal."""
+        configs = np.atleast_2d(np.asarray(configs, dtype=np.int64))
+        configs = np.clip(configs, 0, self.sizes - 1)
+        return np.where(self.active[configs[:, 0]], configs, 0)
+
+    def random(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` configs drawn uniformly per knob (design space first)."""
+        configs = (rng.random((n, self.ndim)) * self.sizes).astype(np.int64)
+        return self.canonical(configs)
+
+    def random_walk(self, configs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """AutoTVM's neighbour move: one active knob of each config set to a different random value."""
+        configs = np.array(configs, dtype=np.int64, copy=True)
+        n = len(configs)
+        movable = self.active[configs[:, 0]] & (self.sizes > 1)
+        weights = movable / np.maximum(movable.sum(1, keepdims=True), 1)
+        k = np.array([rng.choice(self.ndim, p=w) if w.sum() > 0 else 0 for w in weights])
+        size = self.sizes[k]
+        step = 1 + (rng.random(n) * np.maximum(size - 1, 1)).astype(np.int64)
+        configs[np.arange(n), k] = (configs[np.arange(n), k] + step) % size
+        return self.canonical(configs)
+
+    def normalized(self, configs: np.ndarray) -> np.ndarray:
+        """Each knob index scaled to [0, 1]: the RL agent's observation."""
+        configs = np.atleast_2d(configs)
+        return (configs / np.maximum(self.sizes - 1, 1)).astype(np.float32)
+
+    def features(self, configs: np.ndarray) -> np.ndarray:
+        """Cost-model features: log2 tile factors / log2 extent, log unroll, location, space one-hot.
+
+        A table lookup per knob, so scoring tens of thousands of configs costs microseconds."""
+        configs = np.atleast_2d(configs)
+        return np.concatenate([k.feature_table()[configs[:, i]] for i, k in enumerate(self.knobs)], axis=1)
+
+    def describe(self, config) -> dict:
+        """Human-readable decisions of a config."""
+        s = int(config[0])
+        return {"space": s, **{self.knobs[k].name: self.knobs[k].values[int(config[k])]
+                               for _, k in self._space_insts[s]}}
+
+    def size(self) -> int:
+        """Number of distinct canonical configs (|D_Θ|, ignoring location validity)."""
+        return int(sum(np.prod(self.sizes[self.active[s]][1:].astype(float)) for s in range(len(self.traces))))
+
+    # -- schedules ----------------------------------------------------------------------------------
+    def _replay(self, s: int, choose) -> tuple["s_tir.Schedule", dict]:
+        """Replay design space ``s``; ``choose(knob_index, knob, valid_locations)`` gives each decision.
+
+        A location knob indexes the locations valid at the tiling chosen before it, so the
+        valid list is computed mid-replay.  Returns the schedule and the knob indices used."""
+        sch = s_tir.Schedule(self.mod, seed=max(self.seed, 1), debug_mask="none")
+        knob_of = dict(self._space_insts[s])
+        used: dict[int, int] = {}
+        asked: dict[int, object] = {}
+
+        def provider(inst, inputs, attrs, decision):
+            k = knob_of.get(inst)
+            if k is None:
+                return decision
+            knob = self.knobs[k]
+            valid = self._locations_at(s, sch, inputs[0]) if knob.kind == LOCATION else None
+            used[k], value = choose(k, knob, valid, decision)
+            asked[k] = value
+            return value
+
+        self.traces[s].apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
+        got = [d for kind, d in sampled_decisions(sch.trace) if kind not in self._fixed_kinds]
+        want = [asked[k] for _, k in self._space_insts[s]]
+        if [tuple(w) if isinstance(w, list) else w for w in want] != got:
+            raise _Repaired()
+        return sch, used
+
+    def _locations_at(self, s: int, sch, block) -> list[int]:
+        """Valid locations at the current tiling, cached by the consumer's loop extents.
+
+        Queried on a copy: schedule queries are traced and would change the replayed trace."""
+        probe = sch.copy()
+        loops = probe.get_loops(probe.get_consumers(block)[0])
+        key = (s, str(probe.get(block).name_hint), tuple(int(probe.get(lp).extent) for lp in loops))
+        if key not in self._loc_cache:
+            self._loc_cache[key] = valid_locations(sch, block)
+        return self._loc_cache[key]
+
+    def decode(self, config) -> tuple["s_tir.Schedule | None", str, np.ndarray]:
+        """Replay the config's design space with its decisions and run the postprocessors.
+
+        Returns ``(schedule, "ok", canonical_config)`` or ``(None, reason, canonical_config)`` for a
+        config TVM rejects or repairs, or a postprocessor refuses.  The canonical config has
+        location indices clipped to the locations that exist, so two configs that give the same
+        schedule have the same canonical form."""
+        key = tuple(int(x) for x in self.canonical(config)[0])
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            hit = self._cache[key] = self._decode(key)
+        return hit
+
+    def _decode(self, config: tuple) -> tuple:
+        def choose(k, knob, valid, _decision):
+            if knob.kind == LOCATION:
+                i = min(config[k], len(valid) - 1)
+                return i, valid[i]
+            return config[k], knob.decision(config[k])
+
+        canon = np.array(config, dtype=np.int64)
+        try:
+            sch, used = self._replay(config[0], choose)
+        except _Repaired:
+            return None, "decisions repaired by TVM (impossible combination)", canon
+        except Exception as e:  # noqa: BLE001 - TVM raises several types for a bad decision
+            lines = str(e).strip().splitlines()
+            return None, f"replay failed: {lines[-1][:160] if lines else type(e).__name__}", canon
+        for k, i in used.items():
+            canon[k] = i
+        sch.enter_postproc()
+        for p in self.postprocs:
+            if not p.apply(sch):
+                return None, f"postproc {type(p).__name__} rejected it", canon
+        return sch, "ok", canon
+
+    def is_valid(self, config) -> bool:
+        return self.decode(config)[0] is not None
+
+    def encode(self, trace) -> np.ndarray | None:
+        """The canonical config of a measured schedule's trace, or None if not from this space."""
+        try:
+            structure = _structure(trace)
+        except Exception:  # noqa: BLE001
+            return None
+        if structure not in self._structures:
+            return None
+        s = self._structures.index(structure)
+        decisions = [d for kind, d in sampled_decisions(trace) if kind not in self._fixed_kinds]
+        if len(decisions) != len(self._space_insts[s]):
+            return None
+        wanted = {k: d for (_, k), d in zip(self._space_insts[s], decisions)}
+
+        def choose(k, knob, valid, _decision):
+            d = wanted[k]
+            i = valid.index(d) if knob.kind == LOCATION else knob.index_of(d)
+            return i, (list(d) if knob.kind == TILE else d)
+        try:
+            _, used = self._replay(s, choose)
+        except Exception:  # noqa: BLE001 - a decision outside our domains
+            return None
+        config = np.zeros(self.ndim, dtype=np.int64)
+        config[0] = s
+        for k, i in used.items():
+            config[k] = i
+        return config

@@ -1,0 +1,73 @@
+"""AutoTVM's model-based tuner: parallel simulated annealing over the cost model + greedy top-k.
+
+The baseline of the Chameleon paper (Table 8): 128 Markov chains, at most 500 steps (stopping
+early once the top list stops improving for 50 steps), a plan of the 64 best predicted configs not
+measured yet, of which the last 5% are replaced by random picks (ε-greedy); the cost model is refit
+after every batch by the tuner.  Chains persist across batches, as in AutoTVM.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from .base import Strategy, register
+
+
+def simulated_annealing(space, score, rng, points, *, n_steps=500, temp=(1.0, 0.0), early_stop=50,
+                        plan_size=64, exclude=frozenset()):
+    """AutoTVM's ``SimulatedAnnealingOptimizer.find_maximums``.
+
+    Returns (top configs by score, final chain points, steps taken)."""
+    scores = score(points)
+    heap = [(-np.inf, -1 - i, None) for i in range(plan_size)]     # (score, tiebreak, config) min-heap
+    in_heap: set[tuple] = set()
+
+    def push(cfgs, scs):
+        for c, s in zip(cfgs, scs):
+            key = tuple(c)
+            if s > heap[0][0] and key not in in_heap and key not in exclude:
+                _, _, old = heapq.heapreplace(heap, (float(s), hash(key), key))
+                in_heap.discard(old)
+                in_heap.add(key)
+
+    push(points, scores)
+    t, k, last_improve = temp[0], 0, 0
+    cool = (temp[0] - temp[1]) / (n_steps + 1)
+    while k < n_steps and k - last_improve < early_stop:
+        new = space.random_walk(points, rng)
+        new_scores = score(new)
+        accept = np.exp(np.minimum((new_scores - scores) / (t + 1e-5), 0)) > rng.random(len(points))
+        points = np.where(accept[:, None], new, points)
+        scores = np.where(accept, new_scores, scores)
+        before = heap[0][0]
+        push(new, new_scores)
+        if heap[0][0] > before:
+            last_improve = k
+        k += 1
+        t -= cool
+    best = sorted((h for h in heap if h[2] is not None), reverse=True)
+    return np.array([h[2] for h in best], dtype=np.int64).reshape(-1, space.ndim), points, k
+
+
+@register("sa")
+class SimulatedAnnealing(Strategy):
+    def __init__(self, n_chains: int = 128, n_steps: int = 500, plan_size: int = 64, eps: float = 0.05):
+        self.n_chains, self.n_steps, self.plan_size, self.eps = n_chains, n_steps, plan_size, eps
+        self.points = None
+        self.steps_taken = []        # search steps per batch, for the Chameleon Fig. 7a comparison
+
+    def propose(self, n: int) -> np.ndarray:
+        st = self.state
+        if not st.cost_model.trained:
+            return st.unmeasured(st.space.random(4 * n, st.rng))[:n]
+        if self.points is None:
+            self.points = st.space.random(self.n_chains, st.rng)
+        plan, self.points, steps = simulated_annealing(
+            st.space, st.cost_model.predict, st.rng, self.points, n_steps=self.n_steps,
+            plan_size=max(self.plan_size, n), exclude=st.measured_keys())
+        self.steps_taken.append(steps)
+        n_random = int(round(self.eps * n))
+        picks = st.unmeasured(plan)[: n - n_random]
+        rand = st.unmeasured(st.space.random(4 * n, st.rng))
+        return np.concatenate([picks, rand[: n - len(picks)]])

@@ -1,0 +1,188 @@
+"""The tuning loop for one operator: propose -> decode -> measure -> record -> refit -> update.
+
+``TuneState`` is what strategies see and what both front doors share: ``tune_tir`` (our own
+loop, with records and resume) and ``MetaScheduleStrategy`` (MetaSchedule's loop).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .cost_model import CostModel
+from .database import RecordStore
+from .measure import Measurer, MeasureResult
+from .space import KnobSpace
+from .strategies import Strategy, make_strategy
+from .target import parse_target
+
+log = logging.getLogger("adaptune")
+
+
+class TuneState:
+    """Knob space, cost model and every outcome so far; strategies read it, the loop writes it."""
+
+    def __init__(self, space: KnobSpace, *, seed: int = 0, cost_model: CostModel | None = None):
+        self.space = space
+        self.rng = np.random.default_rng(seed)
+        self.cost_model = cost_model or CostModel(space, seed=seed)
+        self.results: dict[tuple, float | None] = {}     # canonical config -> latency (None: failed)
+        self.invalid: set[tuple] = set()
+
+    # -- for strategies ---------------------------------------------------------------------------
+    def measured_keys(self) -> set[tuple]:
+        return self.results.keys() | self.invalid
+
+    def unmeasured(self, configs: np.ndarray) -> np.ndarray:
+        """Rows of ``configs`` (canonicalised, deduplicated, order kept) not measured or invalid."""
+        seen = set(self.measured_keys())
+        out = []
+        for c in self.space.canonical(configs):
+            key = tuple(int(x) for x in c)
+            if key not in seen:
+                seen.add(key)
+                out.append(c)
+        return np.array(out, dtype=np.int64).reshape(-1, self.space.ndim)
+
+    def best(self, k: int = 1) -> np.ndarray:
+        """The ``k`` fastest measured configs."""
+        good = sorted((lat, key) for key, lat in self.results.items() if lat is not None)
+        return np.array([key for _, key in good[:k]], dtype=np.int64).reshape(-1, self.space.ndim)
+
+    @property
+    def best_latency(self) -> float | None:
+        lats = [v for v in self.results.values() if v is not None]
+        return min(lats) if lats else None
+
+    # -- for the loops ----------------------------------------------------------------------------
+    def prepare(self, strategy: Strategy, n: int, attempts: int = 3) -> list[tuple[np.ndarray, object]]:
+        """Ask the strategy for up to ``n`` configs; decode them; drop duplicates and invalid ones.
+
+        If the strategy comes back with nothing measurable, random configs fill in (a strategy
+        must never stall the run); an empty list means the space is exhausted."""
+        batch: list[tuple[np.ndarray, object]] = []
+        keys: set[tuple] = set()
+        for attempt in range(attempts + 1):
+            want = n - len(batch)
+            if want <= 0:
+                break
+            proposals = strategy.propose(want) if attempt < attempts else self.space.random(8 * want, self.rng)
+            for config in np.atleast_2d(proposals)[: want * 4]:
+                sch, reason, canon = self.space.decode(config)
+                key = tuple(int(x) for x in canon)
+                if key in keys or key in self.results or key in self.invalid:
+                    continue
+                if sch is None:
+                    self.invalid.add(key)
+                    log.debug("invalid config %s: %s", key, reason)
+                    continue
+                keys.add(key)
+                batch.append((canon, sch))
+                if len(batch) == n:
+                    break
+            if batch and not strategy.fills_batch:
+                break      # e.g. adaptive sampling chose fewer on purpose
+        return batch
+
+    def record(self, configs: np.ndarray, latencies: list) -> None:
+        for c, lat in zip(configs, latencies):
+            self.results[tuple(int(x) for x in c)] = lat
+
+    def refit(self) -> None:
+        if not self.results:
+            return
+        keys = list(self.results)
+        self.cost_model.fit(np.array(keys, dtype=np.int64), [self.results[k] for k in keys])
+
+
+@dataclass
+class TuneResult:
+    workload: str
+    best_config: np.ndarray | None
+    best_latency: float | None          # seconds
+    best_schedule: object | None
+    trials: int                         # candidates measured (this run and resumed ones)
+    new_trials: int                     # measured in this run
+    invalid: int
+    failures: dict[str, int]
+    wall_time: float
+    history: list[tuple[int, float, float | None]] = field(default_factory=list)  # (trial, elapsed s, best so far)
+    overhead: float = 0.0               # seconds spent outside build+run (search, decode, model)
+    work_dir: str | None = None
+
+
+def tune_tir(mod, target=None, *, strategy="sa", trials: int = 64, work_dir=None, resume: bool = False,
+             seed: int = 0, batch_size: int | None = None, measurer: Measurer | None = None,
+             on_progress: Callable[[int, int, float | None], None] | None = None,
+             label: str = "", strategy_options: dict | None = None) -> TuneResult:
+    """Tune one TIR workload with an adaptune strategy.
+
+    ``trials`` is the total measurement budget of the work dir: a resumed run measures only what
+    is left.  ``batch_size`` (configs per iteration) defaults to 64, capped at trials/4 so even
+    small budgets give the cost model several rounds."""
+    if trials <= 0:
+        raise ValueError("trials must be positive")
+    target = parse_target(target)
+    t0 = time.perf_counter()
+    space = KnobSpace(mod, target, seed=seed)
+    state = TuneState(space, seed=seed)
+    strat = make_strategy(strategy, **(strategy_options or {}))
+    strat.setup(state)
+    measurer = measurer or Measurer(target)
+    store = RecordStore(work_dir, space, resume=resume, label=label) if work_dir else None
+    schedules: dict[tuple, object] = {}
+    failures: dict[str, int] = {}
+    history: list[tuple[int, float, float | None]] = []
+    if store is not None:
+        configs, lats = store.measured()
+        state.record(configs, lats)
+        for key, res in store.records.items():
+            if not res.ok:
+                failures[res.error] = failures.get(res.error, 0) + 1
+        if len(configs):
+            log.info("resumed %d measured record(s) from %s", len(configs), work_dir)
+            state.refit()
+    done0 = len(state.results)
+    batch_size = batch_size or max(1, min(64, max(8, trials // 4)))
+    measure_time = 0.0
+    try:
+        while len(state.results) < trials:
+            batch = state.prepare(strat, min(batch_size, trials - len(state.results)))
+            if not batch:
+                log.warning("design space exhausted after %d configs", len(state.results))
+                break
+            tm = time.perf_counter()
+
+            def on_result(i: int, res: MeasureResult) -> None:
+                config, sch = batch[i]
+                if store is not None:
+                    store.add(config, sch, res)
+                state.record([config], [res.latency])
+                if res.ok:
+                    schedules[tuple(int(x) for x in config)] = sch
+                else:
+                    failures[res.error] = failures.get(res.error, 0) + 1
+                history.append((len(state.results), time.perf_counter() - t0, state.best_latency))
+                if on_progress is not None:
+                    on_progress(len(state.results), trials, state.best_latency)
+
+            results = measurer.measure([sch.mod for _, sch in batch], on_result=on_result)
+            measure_time += time.perf_counter() - tm
+            state.refit()
+            strat.update(np.array([c for c, _ in batch]), [r.latency for r in results])
+    finally:
+        if store is not None:
+            store.close()
+    best = state.best(1)
+    best_config = best[0] if len(best) else None
+    best_sch = None
+    if best_config is not None:
+        best_sch = schedules.get(tuple(best_config)) or space.decode(best_config)[0]
+    wall = time.perf_counter() - t0
+    return TuneResult(workload=label or "main", best_config=best_config, best_latency=state.best_latency,
+                      best_schedule=best_sch, trials=len(state.results), new_trials=len(state.results) - done0,
+                      invalid=len(state.invalid), failures=failures, wall_time=wall, history=history,
+                      overhead=wall - measure_time, work_dir=str(work_dir) if work_dir else None)
