@@ -57,6 +57,17 @@ def repair_jsonl(path: Path) -> int:
     return bad
 
 
+def check_work_dir(work_dir, resume: bool) -> None:
+    """Refuse early (before any tuning work) a work dir that has records unless resuming."""
+    d = Path(work_dir)
+    has = (d / META).exists() or (d / RECORDS).exists()
+    if has and not resume:
+        raise WorkDirError(f"work dir {d} already has tuning records; pass --resume to continue it "
+                           "or choose another --work-dir")
+    if resume and not d.exists():
+        raise WorkDirError(f"--resume: work dir {d} does not exist")
+
+
 class RecordStore:
     """One workload's measured records in ``work_dir`` (one target per work dir)."""
 
@@ -66,10 +77,8 @@ class RecordStore:
         meta = {"workload": label or "main", "target": str(space.target),
                 "workload_hash": str(tvm_ffi.structural_hash(space.mod)), "knob_sizes": space.sizes.tolist()}
         meta_path = self.dir / META
+        check_work_dir(self.dir, resume and self.dir.exists())  # API: resuming a new dir starts it
         if meta_path.exists() or (self.dir / RECORDS).exists():
-            if not resume:
-                raise WorkDirError(f"work dir {self.dir} already has tuning records; pass --resume to continue it "
-                                   "or choose another --work-dir")
             old = json.loads(meta_path.read_text()) if meta_path.exists() else meta
             for key in ("workload_hash", "target", "knob_sizes"):
                 if old.get(key) != meta[key]:

@@ -1,0 +1,165 @@
+"""The ``adaptune`` command line: a thin layer over the library API.
+
+Bad input gets one line on stderr and exit code 2, before anything is written; an interrupted run
+keeps every measured record and says how to resume.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """Input we refuse, reported as one line."""
+
+
+def _fail(msg: str) -> int:
+    print(f"adaptune: error: {msg}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse would print the usage too)
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .strategies import STRATEGIES
+
+    p = _Parser(prog="adaptune", description="Autotune deep-learning operators on Apache TVM.")
+    p.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    t = sub.add_parser("tune-op", help="tune one operator workload")
+    t.add_argument("workload", nargs="?", default=None,
+                   help="L1..L8, resnet18-8, tiny-conv, tiny-dense, or kind:dims e.g. conv2d:1,64,56,56,64,3,3,1,1 "
+                        "(default: L8, a ResNet-18 3x3 conv)")
+    t.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), "llvm", or a JSON dict')
+    t.add_argument("--trials", type=int, default=64, help="measurement budget of the work dir (default 64)")
+    t.add_argument("--strategy", default="sa", choices=sorted(STRATEGIES), help="search strategy (default sa)")
+    t.add_argument("--work-dir", default=None, help="where records go (default: runs/<workload>-<strategy>-<time>)")
+    t.add_argument("--resume", action="store_true", help="continue the records in --work-dir")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--batch-size", type=int, default=None, help="configs measured per iteration")
+    t.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per build and per run")
+    sub.add_parser("workloads", help="list the built-in workloads")
+    return p
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                    transient=False)
+
+
+def check_numerics(workload, sch, target) -> tuple[bool, float]:
+    """Run the tuned kernel on random inputs and compare with the numpy reference."""
+    import numpy as np
+
+    from ._tvm import tvm
+
+    inputs = workload.random_inputs()
+    ref = workload.reference(inputs)
+    dev = tvm.cpu(0)
+    ex = tvm.compile(sch.mod, target=target)
+    args = [tvm.runtime.tensor(x, dev) for x in inputs] + [tvm.runtime.empty(ref.shape, "float32", dev)]
+    ex["main"](*args)
+    out = args[-1].numpy().astype("float64")
+    err = float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-12))
+    return err <= 1e-4, err
+
+
+def cmd_tune_op(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .database import WorkDirError, check_work_dir
+    from .target import TargetError, parse_target
+    from .tuner import tune_tir
+    from .workloads import DEFAULT_WORKLOAD, WorkloadError, get_workload
+
+    try:
+        workload = get_workload(args.workload or DEFAULT_WORKLOAD)
+        target = parse_target(args.target)
+    except (WorkloadError, TargetError) as e:
+        return _fail(str(e))
+    if args.trials <= 0:
+        return _fail(f"--trials must be a positive number, got {args.trials}")
+    if args.batch_size is not None and args.batch_size <= 0:
+        return _fail(f"--batch-size must be positive, got {args.batch_size}")
+    if target.kind.name != "llvm":
+        return _fail(f"tune-op measures on this machine's CPU; target kind {target.kind.name!r} is not supported here")
+    work_dir = Path(args.work_dir or f"runs/{workload.label.replace(':', '_')}-{args.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        check_work_dir(work_dir, args.resume)
+    except WorkDirError as e:
+        return _fail(str(e))
+
+    from .measure import Measurer
+
+    console = Console(stderr=False)
+    console.print(f"[bold]adaptune[/] tune-op {workload.label}  ({workload.flops / 1e6:.1f} MFLOP)  "
+                  f"strategy={args.strategy}  trials={args.trials}  target={target}")
+    with _progress() as progress:
+        task = progress.add_task("tuning", total=args.trials, best="best: -")
+
+        def on_progress(done, total, best):
+            gf = f"best {best * 1e3:.3f} ms ({workload.flops / best / 1e9:.1f} GFLOPS)" if best else "best: -"
+            progress.update(task, completed=done, best=gf)
+
+        try:
+            result = tune_tir(workload.mod(), target, strategy=args.strategy, trials=args.trials,
+                              work_dir=work_dir, resume=args.resume, seed=args.seed, batch_size=args.batch_size,
+                              measurer=Measurer(target, timeout=args.timeout), on_progress=on_progress,
+                              label=workload.label)
+        except WorkDirError as e:
+            return _fail(str(e))
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted[/]: measured records are saved in {work_dir}; "
+                          f"continue with --work-dir {work_dir} --resume")
+            return 130
+    table = Table(title=f"{workload.label} with {args.strategy}", show_header=False)
+    table.add_row("work dir", str(work_dir))
+    table.add_row("trials measured", f"{result.trials} ({result.new_trials} in this run)")
+    table.add_row("invalid configs skipped", str(result.invalid))
+    table.add_row("failed candidates", ", ".join(f"{k}: {v}" for k, v in sorted(result.failures.items())) or "0")
+    table.add_row("wall time", f"{result.wall_time:.1f} s (search overhead {result.overhead:.1f} s)")
+    if result.best_latency is None:
+        console.print(table)
+        print("adaptune: error: no candidate could be measured; see the failures above", file=sys.stderr)
+        return 1
+    ok, err = check_numerics(workload, result.best_schedule, target)
+    table.add_row("best latency", f"{result.best_latency * 1e3:.4f} ms")
+    table.add_row("best GFLOPS", f"{workload.flops / result.best_latency / 1e9:.1f}")
+    table.add_row("numerical check vs numpy", f"{'PASS' if ok else 'FAIL'} (max rel. error {err:.2e})")
+    console.print(table)
+    return 0 if ok else 1
+
+
+def cmd_workloads(_args) -> int:
+    from .workloads import NAMED, PAPER_LAYERS
+
+    for name, wl in NAMED.items():
+        src = PAPER_LAYERS.get(name, (None, ""))[1]
+        print(f"{name:12s} {wl.kind}:{','.join(map(str, wl.shape)):32s} {wl.flops / 1e6:9.1f} MFLOP  {src}")
+    return 0
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        return _fail(str(e))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="adaptune: %(levelname)s: %(message)s")
+    logging.getLogger("tvm").setLevel(logging.WARNING)
+    return {"tune-op": cmd_tune_op, "workloads": cmd_workloads}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+import numpy as np
+
+import faulty
+from adaptune.measure import CRASH, OK, TIMEOUT, Measurer
+
+
+def test_good_crashing_and_hanging_kernels_all_come_back(conv_space, target):
+    good = [conv_space.decode(c)[0].mod for c in conv_space.random(2, np.random.default_rng(0))]
+    seen = []
+    results = Measurer(target, timeout=5).measure(
+        [good[0], faulty.Segfault, faulty.Hang, good[1]], on_result=lambda i, r: seen.append(i))
+    assert [r.error for r in results] == [OK, CRASH, TIMEOUT, OK]
+    assert seen == [0, 1, 2, 3]                          # reported one by one, in order
+    assert all(r.latency > 0 for r in results if r.ok)
+    assert results[1].latency is None and results[2].message
+
+
+def test_unloadable_kernel_is_a_record(target):
+    from tvm.script import ir as I
+    from tvm.script import tirx as T
+
+    @I.ir_module
+    class Unresolved:   # calls a C function that exists nowhere: fails to link or load
+        @T.prim_func
+        def main(A: T.Buffer((16,), "float32")):
+            T.func_attr({"global_symbol": "main"})
+            A[0] = T.call_extern("float32", "adaptune_no_such_function", A[1])
+
+    res = Measurer(target, timeout=5).measure([Unresolved])
+    assert len(res) == 1 and not res[0].ok and res[0].latency is None and res[0].message

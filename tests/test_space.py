@@ -1,0 +1,98 @@
+import math
+
+import numpy as np
+import pytest
+
+from adaptune.space import LOCATION, TILE, KnobSpace, perfect_tilings, sampled_decisions
+from adaptune.workloads import get_workload
+
+
+def _closed_form(extent, n):
+    count, x, p = 1, extent, 2
+    while x > 1:
+        e = 0
+        while x % p == 0:
+            x //= p
+            e += 1
+        count *= math.comb(e + n - 1, n - 1)
+        p += 1
+    return count
+
+
+@pytest.mark.parametrize("extent,n", [(64, 4), (56, 4), (3, 2), (128, 4), (7, 4)])
+def test_perfect_tilings_match_closed_form(extent, n):
+    tiles = perfect_tilings(extent, n, 0)
+    assert len(tiles) == len(set(tiles)) == _closed_form(extent, n)
+    assert all(math.prod(t) == extent for t in tiles)
+    assert all(t[-1] <= 16 for t in perfect_tilings(extent, n, 16))
+
+
+def test_knobs_cover_every_sampling_instruction(conv_space):
+    sp = conv_space
+    assert sp.knobs[0].size == len(sp.traces) >= 2
+    for s, trace in enumerate(sp.traces):
+        n_sample = sum(1 for i in trace.insts if i.kind.name.startswith("Sample"))
+        assert len(sp._space_insts[s]) == n_sample
+    tiles = [k for k in sp.knobs if k.kind == TILE]
+    assert {k.extent for k in tiles} == {1, 16, 14, 3}
+    for k in tiles:
+        assert all(math.prod(v) == k.extent for v in k.values)
+    assert any(k.kind == LOCATION for k in sp.knobs)
+
+
+def test_random_configs_decode_and_encode_back(conv_space):
+    rng = np.random.default_rng(0)
+    configs = conv_space.random(30, rng)
+    assert (configs >= 0).all() and (configs < conv_space.sizes).all()
+    for c in configs:
+        sch, reason, canon = conv_space.decode(c)
+        assert sch is not None, reason
+        assert (conv_space.encode(sch.trace) == canon).all()
+        # the schedule really carries the decisions of the config
+        tiles = [d for kind, d in sampled_decisions(sch.trace) if kind == "SamplePerfectTile"]
+        want = [conv_space.knobs[k].values[canon[k]] for _, k in conv_space._space_insts[canon[0]]
+                if conv_space.knobs[k].kind == TILE]
+        assert tiles == want
+
+
+def test_repaired_decision_is_reported_invalid(target):
+    sp = KnobSpace(get_workload("tiny-dense").mod(), target, seed=3)
+    k = next(i for i, kn in enumerate(sp.knobs) if kn.kind == TILE and kn.extent == 64)
+    sp.knobs[k].values.append((3, 1, 1, 21))        # product 63: TVM silently repairs it
+    config = np.zeros(sp.ndim, dtype=np.int64)
+    config[k] = len(sp.knobs[k].values) - 1
+    sp.sizes[k] += 1
+    sch, reason, _ = sp.decode(config)
+    assert sch is None and "repaired" in reason
+    config[k] = 0
+    assert sp.decode(config)[0] is not None
+
+
+def test_location_index_is_clipped_to_valid_locations(conv_space):
+    k = next(i for i, kn in enumerate(conv_space.knobs) if kn.kind == LOCATION)
+    rng = np.random.default_rng(5)
+    for c in conv_space.random(20, rng):
+        c[k] = conv_space.sizes[k] - 1
+        sch, _, canon = conv_space.decode(c)
+        assert sch is not None and canon[k] <= c[k]
+        assert (conv_space.encode(sch.trace) == canon).all()
+
+
+def test_deterministic_under_seed(target):
+    a = KnobSpace(get_workload("tiny-dense").mod(), target, seed=7)
+    b = KnobSpace(get_workload("tiny-dense").mod(), target, seed=7)
+    assert (a.sizes == b.sizes).all()
+    ca, cb = a.random(50, np.random.default_rng(7)), b.random(50, np.random.default_rng(7))
+    assert (ca == cb).all()
+    assert str(a.decode(ca[0])[0].mod) == str(b.decode(cb[0])[0].mod)
+
+
+def test_features_and_normalisation(conv_space):
+    configs = conv_space.random(1000, np.random.default_rng(1))
+    x = conv_space.features(configs)
+    assert x.shape[0] == 1000 and np.isfinite(x).all() and x.min() >= 0 and x.max() <= 1
+    norm = conv_space.normalized(configs)
+    assert norm.shape == configs.shape and norm.min() >= 0 and norm.max() <= 1
+    # inactive knobs are zeroed so equal schedules compare equal
+    canon = conv_space.canonical(configs)
+    assert (canon[~conv_space.active[canon[:, 0]]] == 0).all()

@@ -1,0 +1,127 @@
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import faulty
+from adaptune import tune_tir
+from adaptune._tvm import ms, tvm
+from adaptune.cli import check_numerics
+from adaptune.database import RECORDS
+from adaptune.measure import Measurer
+from adaptune.workloads import get_workload
+
+DENSE = get_workload("tiny-dense")
+
+
+def _records(wd):
+    return [json.loads(ln) for ln in (wd / RECORDS).read_text().splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("strategy", ["random", "sa"])
+def test_strategy_end_to_end_with_real_measurements(tmp_path, target, strategy):
+    res = tune_tir(DENSE.mod(), target, strategy=strategy, trials=8, batch_size=4, work_dir=tmp_path, seed=1)
+    assert res.trials == 8 and res.best_latency > 0
+    recs = _records(tmp_path)
+    assert len(recs) == 8 and len({tuple(r["config"]) for r in recs}) == 8
+    ok, err = check_numerics(DENSE, res.best_schedule, target)
+    assert ok, err
+    # the work dir is a MetaSchedule database TVM can compile from
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    assert len(db) == sum(r["error"] == "ok" for r in recs)
+    sch = ms.tir_integration.compile_tir(db, DENSE.mod(), target)
+    assert sch is not None
+    best = db.get_top_k(db.commit_workload(DENSE.mod()), 1)[0]
+    assert np.median([float(x) for x in best.run_secs]) == pytest.approx(res.best_latency)
+    tvm.compile(sch.mod, target=target)
+
+
+def test_resume_measures_nothing_twice_and_tolerates_torn_lines(tmp_path, target, caplog):
+    first = tune_tir(DENSE.mod(), target, strategy="sa", trials=6, batch_size=3, work_dir=tmp_path, seed=2)
+    assert first.trials == 6
+    with pytest.raises(ValueError, match="--resume"):
+        tune_tir(DENSE.mod(), target, trials=6, work_dir=tmp_path)
+    before = _records(tmp_path)
+    with open(tmp_path / RECORDS, "a") as f:            # a write torn by kill -9
+        f.write('{"config": [1, 2')
+    with open(tmp_path / "database_tuning_record.json", "a") as f:
+        f.write('[0, [[["GetSBlock"')
+    with caplog.at_level(logging.WARNING, logger="adaptune"):
+        second = tune_tir(DENSE.mod(), target, strategy="sa", trials=9, batch_size=3, work_dir=tmp_path,
+                          resume=True, seed=2)
+    assert "unreadable line" in caplog.text
+    assert second.trials == 9 and second.new_trials == 3
+    after = _records(tmp_path)
+    assert after[:6] == before and len(after) == 9
+    assert len({tuple(r["config"]) for r in after}) == 9
+    assert second.best_latency <= first.best_latency
+
+
+def test_resume_recovers_records_only_in_tvm_database(tmp_path, target):
+    tune_tir(DENSE.mod(), target, strategy="random", trials=4, batch_size=4, work_dir=tmp_path, seed=4)
+    lines = (tmp_path / RECORDS).read_text().splitlines()
+    (tmp_path / RECORDS).write_text("\n".join(lines[:2]) + "\n")   # killed between the two writes
+    res = tune_tir(DENSE.mod(), target, strategy="random", trials=4, work_dir=tmp_path, resume=True, seed=4)
+    assert res.new_trials == 0 and res.trials == 4
+    assert len(_records(tmp_path)) == 4
+
+
+class _Injecting(Measurer):
+    """Swaps two candidates of the first batch for a segfaulting and a hanging kernel."""
+
+    def measure(self, mods, on_result=None):
+        mods = list(mods)
+        if not getattr(self, "_done", False):
+            mods[1], mods[2], self._done = faulty.Segfault, faulty.Hang, True
+        return super().measure(mods, on_result)
+
+
+def test_crashing_and_hanging_candidates_do_not_stop_the_run(tmp_path, target):
+    res = tune_tir(DENSE.mod(), target, strategy="sa", trials=8, batch_size=4, work_dir=tmp_path, seed=3,
+                   measurer=_Injecting(target, timeout=5))
+    assert res.trials == 8 and res.failures == {"crash": 1, "timeout": 1}
+    assert res.best_latency > 0
+    errors = [r["error"] for r in _records(tmp_path)]
+    assert errors.count("crash") == 1 and errors.count("timeout") == 1 and errors.count("ok") == 6
+
+
+def test_kill_9_then_resume_loses_nothing(tmp_path):
+    wd = tmp_path / "wd"
+    cmd = [sys.executable, "-m", "adaptune.cli", "tune-op", "tiny-dense", "--trials", "40", "--batch-size", "4",
+           "--work-dir", str(wd)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if (wd / RECORDS).exists() and len(_records(wd)) >= 6:
+            break
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = _records(wd)
+    assert 6 <= len(killed) < 40
+    out = subprocess.run(cmd[:-2] + ["--work-dir", str(wd), "--resume", "--trials", str(len(killed) + 4)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    after = _records(wd)
+    assert after[:len(killed)] == killed
+    assert len(after) == len(killed) + 4 and len({tuple(r["config"]) for r in after}) == len(after)
+    db = ms.database.JSONDatabase(work_dir=str(wd))
+    assert len(db) == sum(r["error"] == "ok" for r in after)
+
+
+def test_metaschedule_runs_an_adaptune_strategy(tmp_path, target):
+    import adaptune
+    from adaptune._build import fast_build
+
+    db = ms.tune_tir(DENSE.mod(), target, work_dir=str(tmp_path), max_trials_global=8, num_trials_per_iter=4,
+                     strategy=adaptune.MetaScheduleStrategy("sa", seed=1),
+                     builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=2), cost_model="random")
+    assert len(db) == 8
+    sch = ms.tir_integration.compile_tir(db, DENSE.mod(), target)
+    assert sch is not None and check_numerics(DENSE, sch, target)[0]
