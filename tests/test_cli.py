@@ -1,0 +1,36 @@
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "adaptune.cli", *args], capture_output=True, text=True,
+                          timeout=600, cwd=cwd)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["tune-op", "no-such-layer"], "unknown workload"),
+    (["tune-op", "conv2d:1,2,3"], "needs"),
+    (["tune-op", "conv2d:1,8,4,4,8,9,9"], "kernel larger"),
+    (["tune-op", "dense:0,4,4"], "positive"),
+    (["tune-op", "L8", "--trials", "0"], "--trials"),
+    (["tune-op", "L8", "--target", '{"kind": "bogus"}'], "bad target"),
+    (["tune-op", "L8", "--target", "{not json"], "bad target JSON"),
+    (["tune-op", "L8", "--strategy", "nope"], "invalid choice"),
+    (["tune-op", "L8", "--resume", "--work-dir", "missing-dir"], "does not exist"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, needle):
+    out = run(*args, cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tune_op_reports_and_checks_numerics(tmp_path):
+    out = run("tune-op", "tiny-dense", "--trials", "6", "--work-dir", str(tmp_path / "wd"), "--strategy", "random")
+    assert out.returncode == 0, out.stderr
+    assert "PASS" in out.stdout and "GFLOPS" in out.stdout
+    again = run("tune-op", "tiny-dense", "--trials", "6", "--work-dir", str(tmp_path / "wd"))
+    assert again.returncode == 2 and "--resume" in again.stderr
