@@ -1,0 +1,91 @@
+"""Shared pieces of the benchmarks: run one strategy or TVM's stock search on a workload, the same
+builder/runner settings for all, every best kernel checked against numpy before it is reported."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from adaptune import tune_tir
+from adaptune._build import fast_build
+from adaptune._tvm import ms
+from adaptune.cli import check_numerics
+from adaptune.measure import Measurer
+
+
+@dataclass
+class Run:
+    strategy: str
+    layer: str
+    curve: list            # (trials, elapsed s, best latency s) after each measurement
+    best: float            # s
+    wall: float            # s
+    overhead: float        # s outside build+run (nan where unknown)
+    iterations: int
+    numerics_ok: bool
+
+    def trials_to(self, latency: float) -> int | None:
+        """Measurements until the best reached ``latency`` (None if never)."""
+        return next((t for t, _, b in self.curve if b is not None and b <= latency * (1 + 1e-9)), None)
+
+    def time_to(self, latency: float) -> float | None:
+        return next((s for _, s, b in self.curve if b is not None and b <= latency * (1 + 1e-9)), None)
+
+
+def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout=30.0) -> Run:
+    wd = out / f"{wl.label}-{strategy}"
+    shutil.rmtree(wd, ignore_errors=True)
+    res = tune_tir(wl.mod(), target, strategy=strategy, trials=trials, batch_size=batch, work_dir=wd, seed=seed,
+                   measurer=Measurer(target, timeout=timeout), label=wl.label)
+    ok, _ = check_numerics(wl, res.best_schedule, target)
+    iters = -(-res.trials // batch)
+    return Run(strategy, wl.label, res.history, res.best_latency, res.wall_time, res.overhead, iters, ok)
+
+
+def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30.0) -> Run:
+    """TVM MetaSchedule's default search (evolutionary + XGBoost), same builder/runner as ours."""
+    wd = out / f"{wl.label}-ms-evolutionary"
+    shutil.rmtree(wd, ignore_errors=True)
+    m = Measurer(target, timeout=timeout)
+    t0 = time.perf_counter()
+    db = ms.tune_tir(wl.mod(), target, work_dir=str(wd), max_trials_global=trials, num_trials_per_iter=batch,
+                     builder=ms.builder.LocalBuilder(f_build=fast_build, timeout_sec=timeout),
+                     runner=m.runner, strategy="evolutionary", cost_model="xgb", seed=seed)
+    wall = time.perf_counter() - t0
+    # the record file is appended as candidates are measured: its order is the measurement order
+    curve, best = [], None
+    lines = (wd / "database_tuning_record.json").read_text().splitlines()
+    for i, ln in enumerate(lines, 1):
+        secs = [float(x) for x in json.loads(ln)[1][1] or []]
+        lat = float(np.median(secs)) if secs and max(secs) < 1e9 else None
+        if lat is not None and (best is None or lat < best):
+            best = lat
+        curve.append((i, wall * i / len(lines), best))    # MS gives no per-record time: spread evenly
+    sch = ms.tir_integration.compile_tir(db, wl.mod(), target)
+    ok, _ = check_numerics(wl, sch, target)
+    return Run("ms-evolutionary", wl.label, curve, best, wall, float("nan"), -(-trials // batch), ok)
+
+
+def cost_model_speed(wl, target, n=10_000, repeats=5) -> tuple[float, float]:
+    """Seconds to score ``n`` configs with a trained cost model: (median, fit time)."""
+    from adaptune.cost_model import CostModel
+    from adaptune.space import KnobSpace
+
+    space = KnobSpace(wl.mod(), target)
+    rng = np.random.default_rng(0)
+    train = space.random(256, rng)
+    model = CostModel(space)
+    t = time.perf_counter()
+    model.fit(train, list(rng.uniform(1e-4, 1e-3, len(train))))
+    fit = time.perf_counter() - t
+    configs = space.random(n, rng)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        model.predict(configs)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)), fit
