@@ -36,3 +36,18 @@ def test_sa_proposes_unmeasured_configs_and_follows_the_model(conv_space):
 
 def test_registry_knows_the_baselines():
     assert {"random", "sa"} <= set(STRATEGIES)
+
+
+def test_every_strategy_runs_end_to_end_with_real_measurements(tmp_path, target):
+    from adaptune import tune_tir
+    from adaptune.workloads import get_workload
+
+    wl = get_workload("tiny-dense")
+    for name in ("rl", "sa+as", "rl+as"):
+        res = tune_tir(wl.mod(), target, strategy=name, trials=8, batch_size=4, seed=0, work_dir=tmp_path / name,
+                       strategy_options={"episodes": 16, "max_steps": 40, "n_chains": 16, "sa_steps": 40, "pool": 64})
+        assert res.trials == 8 and res.best_latency > 0 and not res.failures, name
+
+
+def test_chameleon_is_registered():
+    assert {"rl", "sa+as", "rl+as", "chameleon"} <= set(STRATEGIES)

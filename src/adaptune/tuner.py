@@ -37,15 +37,13 @@ class TuneState:
         return self.results.keys() | self.invalid
 
     def unmeasured(self, configs: np.ndarray) -> np.ndarray:
-        """Rows of ``configs`` (canonicalised, deduplicated, order kept) not measured or invalid."""
-        seen = set(self.measured_keys())
-        out = []
-        for c in self.space.canonical(configs):
-            key = tuple(int(x) for x in c)
-            if key not in seen:
-                seen.add(key)
-                out.append(c)
-        return np.array(out, dtype=np.int64).reshape(-1, self.space.ndim)
+        """Rows of ``configs`` (canonicalised, deduplicated, first-seen order) not measured or invalid."""
+        canon = self.space.canonical(configs)
+        _, first = np.unique(canon, axis=0, return_index=True)
+        canon = canon[np.sort(first)]
+        seen = self.measured_keys()
+        keep = [tuple(row) not in seen for row in canon.tolist()]
+        return canon[np.array(keep, dtype=bool)] if len(canon) else canon
 
     def best(self, k: int = 1) -> np.ndarray:
         """The ``k`` fastest measured configs."""

@@ -1,0 +1,100 @@
+"""Chameleon (ICLR 2020): exploration x sampling, the paper's four variants behind one class.
+
+* exploration: ``sa`` (AutoTVM's parallel simulated annealing) or ``rl`` (Adaptive Exploration,
+  a PPO agent moving every knob down/stay/up, rewarded by the cost model; kept across iterations);
+* sampling: ``greedy`` (top-k predicted, 5% random: AutoTVM) or ``adaptive`` (Adaptive Sampling:
+  k-means with the knee-chosen k, centroids measured, Sample Synthesis for visited ones).
+
+Registered as ``rl`` (rl + greedy), ``sa+as``, ``rl+as`` (alias ``chameleon``, the default for
+users); ``sa`` (sa + greedy) is the baseline in ``sa.py``.  Adaptive sampling clusters the
+``pool`` best-predicted distinct candidates (default 512) rather than every state the agent
+visited: most visited states are the agent's early, poor steps, and clustering them would spend
+measurements on regions the cost model already rules out.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..sampling import adaptive_sample, greedy_top_k
+from .base import Strategy, register
+from .ppo import PPOAgent
+from .sa import simulated_annealing
+
+
+class Chameleon(Strategy):
+    explorer = "rl"
+    sampler = "adaptive"
+
+    def __init__(self, episodes: int = 128, max_steps: int = 500, n_chains: int = 128, sa_steps: int = 500,
+                 pool: int = 512, k_min: int = 8, k_max: int = 64, threshold: float = 2.5, eps: float = 0.05,
+                 n_init_best: int = 16):
+        self.episodes, self.max_steps, self.n_chains, self.sa_steps = episodes, max_steps, n_chains, sa_steps
+        self.pool, self.k_min, self.k_max, self.threshold, self.eps = pool, k_min, k_max, threshold, eps
+        self.n_init_best = n_init_best
+        self.fills_batch = self.sampler == "greedy"
+        self.agent: PPOAgent | None = None
+        self.points = None
+        self.log: list[dict] = []       # per iteration: candidates, measured, k, search seconds
+
+    # -- exploration --------------------------------------------------------------------------------
+    def _explore(self) -> np.ndarray:
+        st = self.state
+        if self.explorer == "sa":
+            if self.points is None:
+                self.points = st.space.random(self.n_chains, st.rng)
+            cands, self.points, steps = simulated_annealing(
+                st.space, st.cost_model.predict, st.rng, self.points, n_steps=self.sa_steps,
+                plan_size=self.pool, exclude=st.measured_keys())
+            self._steps = steps
+            return cands
+        if self.agent is None:
+            self.agent = PPOAgent(st.space.sizes, seed=int(st.rng.integers(1 << 30)))
+        best = st.best(self.n_init_best)
+        init = np.concatenate([best, st.space.random(max(self.episodes - len(best), 0), st.rng)])
+        visited = self.agent.explore(init, lambda c: st.cost_model.predict(st.space.canonical(c)),
+                                     max_steps=self.max_steps)
+        self._steps = getattr(self.agent, "last_steps", None)
+        return st.space.canonical(visited)
+
+    # -- sampling -----------------------------------------------------------------------------------
+    def propose(self, n: int) -> np.ndarray:
+        st = self.state
+        if not st.cost_model.trained:          # nothing to learn from yet: a random first batch
+            return st.unmeasured(st.space.random(4 * n, st.rng))[:n]
+        t0 = time.perf_counter()
+        cands = st.unmeasured(self._explore())
+        scores = st.cost_model.predict(cands)
+        visited = st.measured_keys()
+        if self.sampler == "greedy":
+            n_random = int(round(self.eps * n))
+            picks = greedy_top_k(cands, scores, visited, n - n_random)
+            rand = st.unmeasured(st.space.random(4 * n, st.rng))
+            out = np.concatenate([picks, rand[: n - len(picks)]])
+            k = None
+        else:
+            pool = cands[np.argsort(-scores, kind="stable")[: self.pool]]
+            out = adaptive_sample(pool, st.space.sizes, visited, k_min=self.k_min, k_max=min(self.k_max, n),
+                                  threshold=self.threshold, seed=int(st.rng.integers(1 << 30)),
+                                  is_valid=st.space.is_valid)
+            out = out[:n]
+            k = len(out)
+        self.log.append({"candidates": len(cands), "proposed": len(out), "k": k, "steps": self._steps,
+                         "search_s": time.perf_counter() - t0})
+        return out
+
+
+@register("rl")
+class RLGreedy(Chameleon):
+    explorer, sampler = "rl", "greedy"
+
+
+@register("sa+as")
+class SAAdaptive(Chameleon):
+    explorer, sampler = "sa", "adaptive"
+
+
+@register("rl+as", "chameleon")
+class RLAdaptive(Chameleon):
+    explorer, sampler = "rl", "adaptive"

@@ -1,0 +1,125 @@
+"""Chameleon's Adaptive Exploration: a PPO agent that moves every knob down / stay / up.
+
+Read top to bottom like a CleanRL script: network, rollout, reward, GAE, clipped update.
+Hand-written rather than taken from torchrl: the rollout is a batch of episodes stepped together
+on integer knob vectors with the reward computed afterwards from the cost model, which does not
+fit torchrl's environment/collector shape, and GAE plus the clipped loss are a dozen lines here.
+
+* observation: the config, each knob scaled to [0, 1];
+* action: for every knob one of {decrement, stay, increment} (a factorised categorical);
+* reward: the cost model's predicted fitness of the state reached, queried once after the rollout
+  for the whole trajectory and standardised over the batch (the model's scale drifts between
+  refits; standardising keeps the PPO step size meaningful);
+* an episode ends early once its config has not changed for ``patience`` steps.
+
+Hyper-parameters are the paper's (Table 9): Adam 1e-3, discount 0.9, GAE 0.99, 3 epochs,
+clip 0.3, value coefficient 1.0, entropy 0.1.  The agent persists across calls, so it keeps
+what it learned about the design space from one tuning iteration to the next.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class ActorCritic(nn.Module):
+    """First layer shared by the policy and value networks (Chameleon §3.2)."""
+
+    def __init__(self, n_knobs: int, hidden: int = 64):
+        super().__init__()
+        self.n_knobs = n_knobs
+        self.shared = nn.Sequential(nn.Linear(n_knobs, hidden), nn.Tanh())
+        self.policy = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 3 * n_knobs))
+        self.value = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+    def forward(self, obs):
+        h = self.shared(obs)
+        logits = self.policy(h).view(*obs.shape[:-1], self.n_knobs, 3)
+        return torch.distributions.Categorical(logits=logits), self.value(h).squeeze(-1)
+
+
+class PPOAgent:
+    def __init__(self, sizes, *, seed: int = 0, hidden: int = 64, lr: float = 1e-3, gamma: float = 0.9,
+                 gae_lambda: float = 0.99, epochs: int = 3, clip: float = 0.3, vf_coef: float = 1.0,
+                 ent_coef: float = 0.1, minibatch: int = 4096, patience: int = 3):
+        self.sizes = torch.as_tensor(np.asarray(sizes), dtype=torch.int64)
+        self.gamma, self.lam, self.epochs, self.clip = gamma, gae_lambda, epochs, clip
+        self.vf_coef, self.ent_coef, self.minibatch, self.patience = vf_coef, ent_coef, minibatch, patience
+        self.gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        self.net = ActorCritic(len(self.sizes), hidden)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=lr, eps=1e-5)
+        self.last_steps = 0
+        self.history: list[float] = []      # mean raw reward per explore() call
+
+    def _obs(self, configs: torch.Tensor) -> torch.Tensor:
+        return configs.float() / torch.clamp(self.sizes - 1, min=1).float()
+
+    @torch.no_grad()
+    def _rollout(self, init: torch.Tensor, max_steps: int):
+        """Step all episodes together; returns per-step tensors shaped (T, E, ...)."""
+        cfg, still = init.clone(), torch.zeros(len(init), dtype=torch.int64)
+        alive = torch.ones(len(init), dtype=torch.bool)
+        obs_l, act_l, logp_l, val_l, next_l, alive_l = [], [], [], [], [], []
+        for _ in range(max_steps):
+            obs = self._obs(cfg)
+            dist, value = self.net(obs)
+            action = dist.sample()
+            nxt = torch.clamp(cfg + action - 1, min=torch.zeros_like(self.sizes), max=self.sizes - 1)
+            obs_l.append(obs); act_l.append(action); logp_l.append(dist.log_prob(action).sum(-1))
+            val_l.append(value); next_l.append(nxt); alive_l.append(alive.clone())
+            moved = (nxt != cfg).any(-1)
+            still = torch.where(moved, 0, still + 1)
+            cfg = torch.where(alive[:, None], nxt, cfg)
+            alive &= still < self.patience
+            if not alive.any():
+                break
+        stack = torch.stack
+        return stack(obs_l), stack(act_l), stack(logp_l), stack(val_l), stack(next_l), stack(alive_l)
+
+    def _gae(self, rewards, values, alive):
+        """Generalised advantage estimation over time; an episode's last live step bootstraps 0."""
+        T = len(rewards)
+        adv = torch.zeros_like(rewards)
+        last = torch.zeros(rewards.shape[1])
+        for t in reversed(range(T)):
+            nonterminal = alive[t + 1].float() if t + 1 < T else torch.zeros(rewards.shape[1])
+            next_value = values[t + 1] if t + 1 < T else torch.zeros(rewards.shape[1])
+            delta = rewards[t] + self.gamma * next_value * nonterminal - values[t]
+            last = delta + self.gamma * self.lam * nonterminal * last
+            adv[t] = last
+        return adv, adv + values
+
+    def explore(self, init_configs: np.ndarray, reward_fn, *, max_steps: int = 500) -> np.ndarray:
+        """Run one batch of episodes from ``init_configs``, learn from it, return every distinct
+        config reached (the candidate set S_Θ)."""
+        init = torch.as_tensor(np.asarray(init_configs), dtype=torch.int64)
+        obs, act, logp, val, nxt, alive = self._rollout(init, max_steps)
+        self.last_steps = len(obs)
+        T, E = alive.shape
+        reached = nxt[alive]                                             # (N, d) live steps only
+        raw = torch.as_tensor(np.asarray(reward_fn(reached.numpy())), dtype=torch.float32)
+        self.history.append(float(raw.mean()))
+        rewards = torch.zeros(T, E)
+        rewards[alive] = (raw - raw.mean()) / (raw.std() + 1e-8)
+        adv, ret = self._gae(rewards, val, alive)
+        b_obs, b_act, b_logp, b_adv, b_ret = obs[alive], act[alive], logp[alive], adv[alive], ret[alive]
+        n = len(b_obs)
+        for _ in range(self.epochs):
+            perm = torch.randperm(n, generator=self.gen)
+            for start in range(0, n, self.minibatch):
+                idx = perm[start:start + self.minibatch]
+                dist, value = self.net(b_obs[idx])
+                ratio = torch.exp(dist.log_prob(b_act[idx]).sum(-1) - b_logp[idx])
+                a = b_adv[idx]
+                a = (a - a.mean()) / (a.std() + 1e-8)
+                pg_loss = torch.max(-a * ratio, -a * torch.clamp(ratio, 1 - self.clip, 1 + self.clip)).mean()
+                v_loss = 0.5 * ((value - b_ret[idx]) ** 2).mean()
+                entropy = dist.entropy().sum(-1).mean()
+                loss = pg_loss + self.vf_coef * v_loss - self.ent_coef * entropy
+                self.opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.net.parameters(), 0.5)
+                self.opt.step()
+        return np.unique(torch.cat([init, reached]).numpy(), axis=0)

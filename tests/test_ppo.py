@@ -1,0 +1,26 @@
+import numpy as np
+
+from adaptune.strategies.ppo import PPOAgent
+
+
+def test_ppo_raises_predicted_reward_on_a_synthetic_surface():
+    rng = np.random.default_rng(0)
+    sizes = np.array([10, 20, 30, 40, 15, 25])
+    optimum = rng.integers(0, sizes)
+
+    def fitness(c):
+        return -(((c - optimum) / (sizes - 1)) ** 2).sum(1)
+
+    agent = PPOAgent(sizes, seed=0)
+    starts = [(rng.random((64, 6)) * sizes).astype(np.int64) for _ in range(8)]
+    visited = [agent.explore(s, fitness, max_steps=60) for s in starts]
+    assert agent.history[-1] > agent.history[0] + 0.2       # mean reward along trajectories rose
+    random_configs = (rng.random((len(visited[-1]), 6)) * sizes).astype(np.int64)
+    assert fitness(visited[-1]).mean() > fitness(random_configs).mean() + 0.2   # it walks towards the optimum
+    assert (visited[-1] >= 0).all() and (visited[-1] < sizes).all()
+
+
+def test_episodes_stop_once_they_stop_moving():
+    agent = PPOAgent(np.array([1, 1, 1]), seed=0)            # nothing can move
+    out = agent.explore(np.zeros((4, 3), dtype=np.int64), lambda c: np.zeros(len(c)), max_steps=500)
+    assert agent.last_steps == agent.patience and len(out) == 1

@@ -1,0 +1,86 @@
+import numpy as np
+import pytest
+
+from adaptune.sampling import adaptive_sample, choose_k, greedy_top_k
+
+
+def blobs(n_clusters, seed=0, d=6, per=40, spread=0.01):
+    rng = np.random.default_rng(seed)
+    centers = rng.random((n_clusters, d))
+    return np.concatenate([c + spread * rng.standard_normal((per, d)) for c in centers])
+
+
+@pytest.mark.parametrize("true_k", [8, 9])
+def test_choose_k_finds_well_separated_clusters(true_k):
+    k, losses, centers = choose_k(blobs(true_k, seed=true_k))
+    assert k == true_k and len(centers) == true_k
+    # it stopped right after the knee: the last loss barely improved on the knee's
+    assert losses[-1] * 2.5 >= losses[-2]
+    assert all(a > 2.5 * b for a, b in zip(losses[:-2], losses[1:-1]))
+
+
+def test_choose_k_stops_early_on_a_smooth_cloud():
+    rng = np.random.default_rng(1)
+    k, losses, _ = choose_k(rng.random((500, 6)))
+    assert k == 8 and len(losses) == 2
+
+
+def _grid_candidates(seed=0, n=400):
+    """Integer configs in 4 tight groups, sizes 32 per knob."""
+    rng = np.random.default_rng(seed)
+    centers = rng.integers(4, 28, (10, 5))
+    return np.clip(np.concatenate([c + rng.integers(-1, 2, (n // 10, 5)) for c in centers]), 0, 31)
+
+
+def test_adaptive_sample_measures_centroids_never_visited_never_twice():
+    cands = _grid_candidates()
+    sizes = np.full(5, 32)
+    out = adaptive_sample(cands, sizes, set(), seed=0)
+    assert 8 <= len(out) <= 64
+    assert len({tuple(c) for c in out}) == len(out)
+    assert {tuple(c) for c in out} <= {tuple(c) for c in cands}      # snapped to real candidates
+    visited = {tuple(int(x) for x in c) for c in out}
+    again = adaptive_sample(cands, sizes, visited, seed=0)
+    assert not ({tuple(int(x) for x in c) for c in again} & visited)
+    assert len(again) == len(out)
+
+
+def test_sample_synthesis_replaces_a_visited_centroid_with_the_mode():
+    rng = np.random.default_rng(3)
+    cands = np.concatenate([np.tile([5, 5, 5], (30, 1)) + rng.integers(0, 2, (30, 3)) for _ in range(10)])
+    cands = np.concatenate([cands, rng.integers(0, 20, (60, 3))])
+    sizes = np.full(3, 20)
+    first = adaptive_sample(cands, sizes, set(), seed=1)
+    visited = {tuple(int(x) for x in c) for c in first}
+    mode = tuple(int(np.bincount(col).argmax()) for col in np.unique(cands, axis=0).T)
+    second = adaptive_sample(cands, sizes, visited, seed=1)
+    keys = {tuple(int(x) for x in c) for c in second}
+    assert not (keys & visited)
+    if mode not in visited:
+        assert mode in keys                     # a visited centroid was replaced by the mode config
+    # with every candidate visited, only synthesised (new) configs can come back
+    all_seen = {tuple(int(x) for x in c) for c in cands}
+    rest = adaptive_sample(cands, sizes, all_seen, seed=1)
+    assert len(rest) > 0 and not ({tuple(int(x) for x in c) for c in rest} & all_seen)
+
+
+def test_synthesis_respects_validity():
+    cands = _grid_candidates(seed=2)
+    first = adaptive_sample(cands, np.full(5, 32), set(), seed=0)
+    visited = {tuple(int(x) for x in c) for c in first}
+    out = adaptive_sample(cands, np.full(5, 32), visited, seed=0, is_valid=lambda c: c[0] % 2 == 0)
+    synthesised = [c for c in out if tuple(int(x) for x in c) not in {tuple(x) for x in cands.tolist()}]
+    assert all(c[0] % 2 == 0 for c in synthesised)
+
+
+def test_deterministic_under_seed():
+    cands = _grid_candidates(seed=5)
+    a = adaptive_sample(cands, np.full(5, 32), set(), seed=7)
+    b = adaptive_sample(cands, np.full(5, 32), set(), seed=7)
+    assert (a == b).all()
+
+
+def test_greedy_top_k_skips_visited_and_duplicates():
+    cands = np.array([[0, 0], [1, 1], [1, 1], [2, 2], [3, 3]])
+    out = greedy_top_k(cands, np.array([5.0, 4.0, 4.0, 3.0, 1.0]), {(0, 0)}, 2)
+    assert out.tolist() == [[1, 1], [2, 2]]
