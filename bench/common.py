@@ -15,6 +15,7 @@ from adaptune._build import fast_build
 from adaptune._tvm import ms
 from adaptune.cli import check_numerics
 from adaptune.measure import Measurer
+from adaptune.strategies import make_strategy
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Run:
     overhead: float        # s outside build+run (nan where unknown)
     iterations: int
     numerics_ok: bool
+    steps: list = None     # explorer's steps to converge per iteration (sa / rl variants)
 
     def trials_to(self, latency: float) -> int | None:
         """Measurements until the best reached ``latency`` (None if never)."""
@@ -39,11 +41,13 @@ class Run:
 def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout=30.0) -> Run:
     wd = out / f"{wl.label}-{strategy}"
     shutil.rmtree(wd, ignore_errors=True)
-    res = tune_tir(wl.mod(), target, strategy=strategy, trials=trials, batch_size=batch, work_dir=wd, seed=seed,
+    strat = make_strategy(strategy)
+    res = tune_tir(wl.mod(), target, strategy=strat, trials=trials, batch_size=batch, work_dir=wd, seed=seed,
                    measurer=Measurer(target, timeout=timeout), label=wl.label)
     ok, _ = check_numerics(wl, res.best_schedule, target)
-    iters = -(-res.trials // batch)
-    return Run(strategy, wl.label, res.history, res.best_latency, res.wall_time, res.overhead, iters, ok)
+    iters = 1 + len(getattr(strat, "log", [])) if hasattr(strat, "log") else -(-res.trials // batch)
+    steps = [e["steps"] for e in getattr(strat, "log", [])] or list(getattr(strat, "steps_taken", []))
+    return Run(strategy, wl.label, res.history, res.best_latency, res.wall_time, res.overhead, iters, ok, steps)
 
 
 def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30.0) -> Run:

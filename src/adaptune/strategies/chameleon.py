@@ -55,7 +55,7 @@ class Chameleon(Strategy):
         init = np.concatenate([best, st.space.random(max(self.episodes - len(best), 0), st.rng)])
         visited = self.agent.explore(init, lambda c: st.cost_model.predict(st.space.canonical(c)),
                                      max_steps=self.max_steps)
-        self._steps = getattr(self.agent, "last_steps", None)
+        self._steps = self.agent.converge_step
         return st.space.canonical(visited)
 
     # -- sampling -----------------------------------------------------------------------------------

@@ -101,6 +101,10 @@ class PPOAgent:
         reached = nxt[alive]                                             # (N, d) live steps only
         raw = torch.as_tensor(np.asarray(reward_fn(reached.numpy())), dtype=torch.float32)
         self.history.append(float(raw.mean()))
+        rewards = torch.full((T, E), -torch.inf)
+        rewards[alive] = raw
+        best_so_far = torch.cummax(rewards.max(1).values, 0).values
+        self.converge_step = int((best_so_far < best_so_far[-1]).sum()) + 1   # step the best stopped improving
         rewards = torch.zeros(T, E)
         rewards[alive] = (raw - raw.mean()) / (raw.std() + 1e-8)
         adv, ret = self._gae(rewards, val, alive)

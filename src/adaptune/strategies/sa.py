@@ -18,7 +18,7 @@ def simulated_annealing(space, score, rng, points, *, n_steps=500, temp=(1.0, 0.
                         plan_size=64, exclude=frozenset()):
     """AutoTVM's ``SimulatedAnnealingOptimizer.find_maximums``.
 
-    Returns (top configs by score, final chain points, steps taken)."""
+    Returns (top configs by score, final chain points, step of the last improvement)."""
     scores = score(points)
     heap = [(-np.inf, -1 - i, None) for i in range(plan_size)]     # (score, tiebreak, config) min-heap
     in_heap: set[tuple] = set()
@@ -47,7 +47,7 @@ def simulated_annealing(space, score, rng, points, *, n_steps=500, temp=(1.0, 0.
         k += 1
         t -= cool
     best = sorted((h for h in heap if h[2] is not None), reverse=True)
-    return np.array([h[2] for h in best], dtype=np.int64).reshape(-1, space.ndim), points, k
+    return np.array([h[2] for h in best], dtype=np.int64).reshape(-1, space.ndim), points, last_improve
 
 
 @register("sa")
@@ -55,7 +55,7 @@ class SimulatedAnnealing(Strategy):
     def __init__(self, n_chains: int = 128, n_steps: int = 500, plan_size: int = 64, eps: float = 0.05):
         self.n_chains, self.n_steps, self.plan_size, self.eps = n_chains, n_steps, plan_size, eps
         self.points = None
-        self.steps_taken = []        # search steps per batch, for the Chameleon Fig. 7a comparison
+        self.steps_taken = []        # steps to converge per batch, for the Chameleon Fig. 7a comparison
 
     def propose(self, n: int) -> np.ndarray:
         st = self.state

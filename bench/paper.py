@@ -1,0 +1,125 @@
+"""Chameleon's evaluation, reproduced: sa, rl, sa+as, rl+as, random and TVM's evolutionary search
+on the paper's layers L1-L8, same budget, same builder/runner, one run.
+
+    python bench/paper.py                  # 256 trials per layer (batch 64, as Chameleon's b_GBT)
+    python bench/paper.py --quick          # 64 trials per layer (batch 16)
+    python bench/paper.py --quick --layers L2 L8
+
+Writes one PNG per layer (best GFLOPS against measurements and against wall time, like the paper's
+Fig. 9/12-14) to --out, and prints: per strategy and layer, measurements and wall time to reach
+MetaSchedule evolutionary's final best, final latency relative to it, search overhead per
+iteration; geometric means; and the component figures (Fig. 7a steps to converge SA vs RL,
+Fig. 7b measurements with vs without adaptive sampling).  Every best kernel is checked against
+numpy before its numbers are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from common import run_adaptune, run_ms_evolutionary  # noqa: E402
+
+from adaptune.target import host_target  # noqa: E402
+from adaptune.workloads import get_workload  # noqa: E402
+
+STRATEGIES = ["sa", "rl", "sa+as", "rl+as", "random"]
+
+
+def geomean(xs):
+    xs = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def plot(layer, wl, runs, out: Path):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in runs:
+        t = [c[0] for c in r.curve if c[2]]
+        s = [c[1] for c in r.curve if c[2]]
+        g = [wl.flops / c[2] / 1e9 for c in r.curve if c[2]]
+        a.step(t, g, where="post", label=r.strategy)
+        b.step(s, g, where="post", label=r.strategy)
+    a.set_xlabel("hardware measurements"); b.set_xlabel("wall time (s)")
+    for ax in (a, b):
+        ax.set_ylabel("best GFLOPS"); ax.grid(alpha=0.3)
+    a.legend()
+    fig.suptitle(f"{layer}: {wl.label} {wl.shape}")
+    fig.tight_layout()
+    fig.savefig(out / f"{layer}.png", dpi=90)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", nargs="+", default=[f"L{i}" for i in range(1, 9)])
+    ap.add_argument("--trials", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="64 trials per layer, batch 16")
+    ap.add_argument("--out", default="bench/out/paper")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    trials = args.trials or (64 if args.quick else 256)
+    batch = 16 if trials <= 64 else 64
+    logging.getLogger("tvm").setLevel(logging.WARNING)
+    target = host_target()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"target {target}; {trials} trials per layer, {batch} per iteration", flush=True)
+    table = {}
+    for layer in args.layers:
+        wl = get_workload(layer)
+        runs = [run_adaptune(wl, target, s, trials, batch, out, args.seed) for s in STRATEGIES]
+        runs.append(run_ms_evolutionary(wl, target, trials, batch, out, args.seed))
+        plot(layer, wl, runs, out)
+        table[layer] = {r.strategy: r for r in runs}
+        ref = runs[-1].best
+        for r in runs:
+            print(f"{layer} {r.strategy:16s} best {r.best * 1e3:8.3f} ms ({wl.flops / r.best / 1e9:6.1f} GFLOPS) "
+                  f"x{r.best / ref:.2f} of ms-evo, wall {r.wall:5.0f} s, numerics {'PASS' if r.numerics_ok else 'FAIL'}",
+                  flush=True)
+    names = STRATEGIES + ["ms-evolutionary"]
+    print("\nMeasurements to reach MetaSchedule evolutionary's final best (- = not reached); "
+          "in brackets: wall seconds to reach it")
+    print(f"{'strategy':16s}" + "".join(f"{lay:>13s}" for lay in table) + f"{'geomean':>10s}")
+    reach = {}
+    for n in names:
+        cells, vals = [], []
+        for lay, runs in table.items():
+            ref = runs["ms-evolutionary"].best
+            m, s = runs[n].trials_to(ref), runs[n].time_to(ref)
+            vals.append(m)
+            cells.append(f"{m} ({s:.0f}s)" if m else "-")
+        reach[n] = vals
+        print(f"{n:16s}" + "".join(f"{c:>13s}" for c in cells) + f"{geomean(vals):10.1f}")
+    print("\nFinal latency relative to MetaSchedule evolutionary (lower is better)")
+    for n in names:
+        vals = [runs[n].best / runs["ms-evolutionary"].best for runs in table.values()]
+        print(f"{n:16s}" + "".join(f"{v:13.2f}" for v in vals) + f"{geomean(vals):10.2f}")
+    print("\nSearch overhead per iteration, seconds (everything but build+run), and share of wall time")
+    for n in STRATEGIES:
+        per = [runs[n].overhead / max(runs[n].iterations, 1) for runs in table.values()]
+        share = [runs[n].overhead / runs[n].wall for runs in table.values()]
+        print(f"{n:16s}" + "".join(f"{p:8.2f} ({s:3.0%})" for p, s in zip(per, share)))
+    # Component figures
+    sa_steps = [np.mean(runs["sa"].steps) for runs in table.values() if runs["sa"].steps]
+    rl_steps = [np.mean(runs["rl"].steps) for runs in table.values() if runs["rl"].steps]
+    print(f"\nFig. 7a: search steps until the best predicted fitness stops improving, mean per iteration: "
+          f"SA {np.mean(sa_steps):.0f}, RL {np.mean(rl_steps):.0f} (ratio {np.mean(sa_steps) / np.mean(rl_steps):.2f}x)")
+    for base, with_as in (("sa", "sa+as"), ("rl", "rl+as")):
+        pairs = [(a, b) for a, b in zip(reach[base], reach[with_as]) if a and b]
+        ratio = geomean([a / b for a, b in pairs]) if pairs else float("nan")
+        print(f"Fig. 7b: measurements to reach ms-evo's best, {base} / {with_as}: geomean {ratio:.2f}x "
+              f"over {len(pairs)} layer(s) where both reached it")
+    print(f"\nplots: {out}/L*.png")
+
+
+if __name__ == "__main__":
+    main()
