@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: L8, a ResNet-18 3x3 conv)")
     t.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), "llvm", or a JSON dict')
     t.add_argument("--trials", type=int, default=64, help="measurement budget of the work dir (default 64)")
-    t.add_argument("--strategy", default="sa", choices=sorted(STRATEGIES), help="search strategy (default sa)")
+    t.add_argument("--strategy", default="chameleon", choices=sorted(STRATEGIES),
+                   help="search strategy (default chameleon = rl+as; sa is AutoTVM's baseline)")
     t.add_argument("--work-dir", default=None, help="where records go (default: runs/<workload>-<strategy>-<time>)")
     t.add_argument("--resume", action="store_true", help="continue the records in --work-dir")
     t.add_argument("--seed", type=int, default=0)

@@ -27,7 +27,6 @@ log = logging.getLogger("adaptune")
 RECORDS = "adaptune_records.jsonl"
 META = "adaptune.json"
 TVM_FILES = ("database_workload.json", "database_tuning_record.json")
-INVALID = "invalid"
 
 
 class WorkDirError(ValueError):

@@ -20,7 +20,7 @@ from .tuner import TuneState
 
 @derived_object
 class MetaScheduleStrategy(PySearchStrategy):
-    def __init__(self, strategy="sa", seed: int = 0, **options):
+    def __init__(self, strategy="chameleon", seed: int = 0, **options):
         self.strategy_spec, self.seed, self.options = strategy, seed, options
 
     def _initialize_with_tune_context(self, context) -> None:

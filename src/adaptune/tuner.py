@@ -112,7 +112,7 @@ class TuneResult:
     work_dir: str | None = None
 
 
-def tune_tir(mod, target=None, *, strategy="sa", trials: int = 64, work_dir=None, resume: bool = False,
+def tune_tir(mod, target=None, *, strategy="chameleon", trials: int = 64, work_dir=None, resume: bool = False,
              seed: int = 0, batch_size: int | None = None, measurer: Measurer | None = None,
              on_progress: Callable[[int, int, float | None], None] | None = None,
              label: str = "", strategy_options: dict | None = None) -> TuneResult:
