@@ -291,10 +291,6 @@ class KnobSpace:
         return {"space": s, **{self.knobs[k].name: self.knobs[k].values[int(config[k])]
                                for _, k in self._space_insts[s]}}
 
-    def size(self) -> int:
-        """Number of distinct canonical configs (|D_Θ|, ignoring location validity)."""
-        return int(sum(np.prod(self.sizes[self.active[s]][1:].astype(float)) for s in range(len(self.traces))))
-
     # -- schedules ----------------------------------------------------------------------------------
     def _replay(self, s: int, choose) -> tuple["s_tir.Schedule", dict]:
         """Replay design space ``s``; ``choose(knob_index, knob, valid_locations)`` gives each decision.
