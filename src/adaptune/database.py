@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,32 +71,37 @@ def check_work_dir(work_dir, resume: bool) -> None:
 class RecordStore:
     """One workload's measured records in ``work_dir`` (one target per work dir)."""
 
-    def __init__(self, work_dir, space, *, resume: bool = False, label: str = ""):
+    def __init__(self, work_dir, space, *, resume: bool = False, label: str = "", db=None, name: str | None = None):
+        """``db`` and ``name`` let several tasks of a model share one TVM database in ``work_dir``:
+        task ``name`` keeps its knob vectors in ``tasks/<name>.jsonl``."""
         self.dir = Path(work_dir)
         self.space = space
+        sub = self.dir / "tasks" if name else self.dir
+        self.records_path = sub / (f"{name}.jsonl" if name else RECORDS)
+        meta_path = sub / (f"{name}.json" if name else META)
         meta = {"workload": label or "main", "target": str(space.target),
                 "workload_hash": str(tvm_ffi.structural_hash(space.mod)), "knob_sizes": space.sizes.tolist()}
-        meta_path = self.dir / META
-        check_work_dir(self.dir, resume and self.dir.exists())  # API: resuming a new dir starts it
-        if meta_path.exists() or (self.dir / RECORDS).exists():
+        if name is None:
+            check_work_dir(self.dir, resume and self.dir.exists())  # API: resuming a new dir starts it
+        if meta_path.exists() or self.records_path.exists():
             old = json.loads(meta_path.read_text()) if meta_path.exists() else meta
             for key in ("workload_hash", "target", "knob_sizes"):
                 if old.get(key) != meta[key]:
                     raise WorkDirError(f"work dir {self.dir} holds another {key.replace('_', ' ')} "
                                        f"({old.get(key)!r}); use a separate work dir")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        sub.mkdir(parents=True, exist_ok=True)
         meta_path.write_text(json.dumps(meta, indent=1))
-        for name in TVM_FILES + (RECORDS,):
-            repair_jsonl(self.dir / name)
-        self.db = ms.database.JSONDatabase(work_dir=str(self.dir))
+        for path in [self.records_path] + ([] if db is not None else [self.dir / f for f in TVM_FILES]):
+            repair_jsonl(path)
+        self.db = db if db is not None else ms.database.JSONDatabase(work_dir=str(self.dir))
         self.workload = self.db.commit_workload(space.mod)
         self.records: dict[tuple, MeasureResult] = {}
         self.order: list[tuple] = []
         self._load()
-        self._file = open(self.dir / RECORDS, "a", encoding="utf-8")
+        self._file = open(self.records_path, "a", encoding="utf-8")
 
     def _load(self) -> None:
-        path = self.dir / RECORDS
+        path = self.records_path
         if path.exists():
             for ln in path.read_text().splitlines():
                 if ln.strip():
@@ -122,7 +128,8 @@ class RecordStore:
     @staticmethod
     def _line(config, res: MeasureResult) -> str:
         return json.dumps({"config": [int(x) for x in config], "error": res.error,
-                           "run_secs": res.run_secs, "message": res.message}) + "\n"
+                           "run_secs": res.run_secs, "message": res.message,
+                           "time": round(time.time(), 3)}) + "\n"
 
     def add(self, config, sch, res: MeasureResult) -> None:
         """Persist one outcome now: TVM's database first (successes), then the knob-vector log."""

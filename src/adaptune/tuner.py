@@ -112,6 +112,92 @@ class TuneResult:
     work_dir: str | None = None
 
 
+class TaskTuner:
+    """One task's tuning loop, run one iteration at a time so a scheduler can interleave tasks.
+
+    Each ``step`` is one iteration: the strategy proposes, candidates are decoded, measured and
+    recorded (to the work dir the moment each result is known), the cost model is refit and the
+    strategy updated."""
+
+    def __init__(self, mod, target, *, strategy="chameleon", seed: int = 0, store_args: dict | None = None,
+                 measurer: Measurer | None = None, label: str = "", strategy_options: dict | None = None,
+                 on_result: Callable[["TaskTuner"], None] | None = None):
+        self.t0 = time.perf_counter()
+        self.label = label or "main"
+        self.space = KnobSpace(mod, target, seed=seed)
+        self.state = TuneState(self.space, seed=seed)
+        self.strategy = make_strategy(strategy, **(strategy_options or {}))
+        self.strategy.setup(self.state)
+        self.measurer = measurer or Measurer(self.space.target)
+        self.store = RecordStore(space=self.space, label=label, **store_args) if store_args else None
+        self.on_result = on_result
+        self.schedules: dict[tuple, object] = {}
+        self.failures: dict[str, int] = {}
+        self.history: list[tuple[int, float, float | None]] = []
+        self.measure_time = 0.0
+        self.exhausted = False
+        if self.store is not None:
+            configs, lats = self.store.measured()
+            self.state.record(configs, lats)
+            for res in self.store.records.values():
+                if not res.ok:
+                    self.failures[res.error] = self.failures.get(res.error, 0) + 1
+            if len(configs):
+                log.info("%s: resumed %d measured record(s)", self.label, len(configs))
+                self.state.refit()
+        self.done0 = len(self.state.results)
+
+    @property
+    def trials(self) -> int:
+        return len(self.state.results)
+
+    def step(self, n: int) -> int:
+        """Measure up to ``n`` new candidates; returns how many (0 once the space is exhausted)."""
+        batch = self.state.prepare(self.strategy, n)
+        if not batch:
+            if not self.exhausted:
+                log.info("%s: design space exhausted after %d configs", self.label, self.trials)
+            self.exhausted = True
+            return 0
+        tm = time.perf_counter()
+
+        def on_result(i: int, res: MeasureResult) -> None:
+            config, sch = batch[i]
+            if self.store is not None:
+                self.store.add(config, sch, res)
+            self.state.record([config], [res.latency])
+            if res.ok:
+                self.schedules[tuple(int(x) for x in config)] = sch
+            else:
+                self.failures[res.error] = self.failures.get(res.error, 0) + 1
+            self.history.append((self.trials, time.perf_counter() - self.t0, self.state.best_latency))
+            if self.on_result is not None:
+                self.on_result(self)
+
+        results = self.measurer.measure([sch.mod for _, sch in batch], on_result=on_result)
+        self.measure_time += time.perf_counter() - tm
+        self.state.refit()
+        self.strategy.update(np.array([c for c, _ in batch]), [r.latency for r in results])
+        return len(batch)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def result(self) -> TuneResult:
+        best = self.state.best(1)
+        best_config = best[0] if len(best) else None
+        best_sch = None
+        if best_config is not None:
+            best_sch = self.schedules.get(tuple(best_config)) or self.space.decode(best_config)[0]
+        wall = time.perf_counter() - self.t0
+        return TuneResult(workload=self.label, best_config=best_config, best_latency=self.state.best_latency,
+                          best_schedule=best_sch, trials=self.trials, new_trials=self.trials - self.done0,
+                          invalid=len(self.state.invalid), failures=self.failures, wall_time=wall,
+                          history=self.history, overhead=wall - self.measure_time,
+                          work_dir=str(self.store.dir) if self.store else None)
+
+
 def tune_tir(mod, target=None, *, strategy="chameleon", trials: int = 64, work_dir=None, resume: bool = False,
              seed: int = 0, batch_size: int | None = None, measurer: Measurer | None = None,
              on_progress: Callable[[int, int, float | None], None] | None = None,
@@ -124,63 +210,14 @@ def tune_tir(mod, target=None, *, strategy="chameleon", trials: int = 64, work_d
     if trials <= 0:
         raise ValueError("trials must be positive")
     target = parse_target(target)
-    t0 = time.perf_counter()
-    space = KnobSpace(mod, target, seed=seed)
-    state = TuneState(space, seed=seed)
-    strat = make_strategy(strategy, **(strategy_options or {}))
-    strat.setup(state)
-    measurer = measurer or Measurer(target)
-    store = RecordStore(work_dir, space, resume=resume, label=label) if work_dir else None
-    schedules: dict[tuple, object] = {}
-    failures: dict[str, int] = {}
-    history: list[tuple[int, float, float | None]] = []
-    if store is not None:
-        configs, lats = store.measured()
-        state.record(configs, lats)
-        for key, res in store.records.items():
-            if not res.ok:
-                failures[res.error] = failures.get(res.error, 0) + 1
-        if len(configs):
-            log.info("resumed %d measured record(s) from %s", len(configs), work_dir)
-            state.refit()
-    done0 = len(state.results)
+    progress = None if on_progress is None else (lambda t: on_progress(t.trials, trials, t.state.best_latency))
+    tuner = TaskTuner(mod, target, strategy=strategy, seed=seed, measurer=measurer, label=label,
+                      strategy_options=strategy_options, on_result=progress,
+                      store_args={"work_dir": work_dir, "resume": resume} if work_dir else None)
     batch_size = batch_size or max(1, min(64, max(8, trials // 4)))
-    measure_time = 0.0
     try:
-        while len(state.results) < trials:
-            batch = state.prepare(strat, min(batch_size, trials - len(state.results)))
-            if not batch:
-                log.warning("design space exhausted after %d configs", len(state.results))
-                break
-            tm = time.perf_counter()
-
-            def on_result(i: int, res: MeasureResult) -> None:
-                config, sch = batch[i]
-                if store is not None:
-                    store.add(config, sch, res)
-                state.record([config], [res.latency])
-                if res.ok:
-                    schedules[tuple(int(x) for x in config)] = sch
-                else:
-                    failures[res.error] = failures.get(res.error, 0) + 1
-                history.append((len(state.results), time.perf_counter() - t0, state.best_latency))
-                if on_progress is not None:
-                    on_progress(len(state.results), trials, state.best_latency)
-
-            results = measurer.measure([sch.mod for _, sch in batch], on_result=on_result)
-            measure_time += time.perf_counter() - tm
-            state.refit()
-            strat.update(np.array([c for c, _ in batch]), [r.latency for r in results])
+        while tuner.trials < trials and tuner.step(min(batch_size, trials - tuner.trials)):
+            pass
     finally:
-        if store is not None:
-            store.close()
-    best = state.best(1)
-    best_config = best[0] if len(best) else None
-    best_sch = None
-    if best_config is not None:
-        best_sch = schedules.get(tuple(best_config)) or space.decode(best_config)[0]
-    wall = time.perf_counter() - t0
-    return TuneResult(workload=label or "main", best_config=best_config, best_latency=state.best_latency,
-                      best_schedule=best_sch, trials=len(state.results), new_trials=len(state.results) - done0,
-                      invalid=len(state.invalid), failures=failures, wall_time=wall, history=history,
-                      overhead=wall - measure_time, work_dir=str(work_dir) if work_dir else None)
+        tuner.close()
+    return tuner.result()

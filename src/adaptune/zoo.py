@@ -1,0 +1,156 @@
+"""Built-in models, written here because torchvision does not import beside our torch.
+
+Standard architectures and input shapes (batch 1, 224x224 ImageNet; the demo CNN takes 32x32),
+random weights under a fixed seed: tuning and timing do not depend on the weight values, and
+numerical checks compare against the same weights in PyTorch.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _conv_bn(cin, cout, k=3, stride=1, groups=1, act=nn.ReLU):
+    layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return nn.Sequential(*layers, act(inplace=True)) if act else nn.Sequential(*layers)
+
+
+class DemoCNN(nn.Module):
+    """A small CIFAR-sized CNN: three conv blocks and a classifier (tunes in minutes)."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.features = nn.Sequential(
+            _conv_bn(3, 32), nn.MaxPool2d(2),
+            _conv_bn(32, 64), nn.MaxPool2d(2),
+            _conv_bn(64, 128), nn.AdaptiveAvgPool2d(1))
+        self.fc = nn.Linear(128, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+class AlexNet(nn.Module):
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 64, 11, 4, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+            nn.Conv2d(64, 192, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+            nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2))
+        self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
+        self.classifier = nn.Sequential(
+            nn.Linear(256 * 6 * 6, 4096), nn.ReLU(inplace=True),
+            nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Linear(4096, num_classes))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+class VGG16(nn.Module):
+    CFG = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        layers, cin = [], 3
+        for v in self.CFG:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers += [nn.Conv2d(cin, v, 3, padding=1), nn.ReLU(inplace=True)]
+                cin = v
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+        self.classifier = nn.Sequential(
+            nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True),
+            nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Linear(4096, num_classes))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.body = nn.Sequential(_conv_bn(cin, cout, 3, stride), _conv_bn(cout, cout, 3, act=None))
+        self.down = _conv_bn(cin, cout, 1, stride, act=None) if stride != 1 or cin != cout else nn.Identity()
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.down(x))
+
+
+class ResNet18(nn.Module):
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [], 64
+        for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+            blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*blocks)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin, cout, stride, expand):
+        super().__init__()
+        hidden = cin * expand
+        layers = [_conv_bn(cin, hidden, 1, act=nn.ReLU6)] if expand != 1 else []
+        layers += [_conv_bn(hidden, hidden, 3, stride, groups=hidden, act=nn.ReLU6),
+                   _conv_bn(hidden, cout, 1, act=None)]
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+class MobileNetV2(nn.Module):
+    # (expansion t, channels c, repeats n, first stride s), as in Sandler et al. 2018, Table 2
+    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                (6, 320, 1, 1)]
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        layers, cin = [_conv_bn(3, 32, 3, 2, act=nn.ReLU6)], 32
+        for t, c, n, s in self.SETTINGS:
+            for i in range(n):
+                layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                cin = c
+        layers.append(_conv_bn(cin, 1280, 1, act=nn.ReLU6))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(1280, num_classes)
+
+    def forward(self, x):
+        x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+#: name -> (constructor, input shape)
+MODELS = {
+    "demo-cnn": (DemoCNN, (1, 3, 32, 32)),
+    "alexnet": (AlexNet, (1, 3, 224, 224)),
+    "vgg16": (VGG16, (1, 3, 224, 224)),
+    "resnet18": (ResNet18, (1, 3, 224, 224)),
+    "mobilenetv2": (MobileNetV2, (1, 3, 224, 224)),
+}
+DEFAULT_MODEL = "demo-cnn"
+
+
+def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[int, ...]]:
+    """The zoo model ``name`` in eval mode with seeded random weights, and its input shape."""
+    ctor, shape = MODELS[name]
+    torch.manual_seed(seed)
+    model = ctor().eval()
+    with torch.no_grad():       # non-trivial BatchNorm statistics, so folding them is really checked
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return model, shape
