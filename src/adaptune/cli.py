@@ -18,9 +18,9 @@ class UsageError(Exception):
     """Input we refuse, reported as one line."""
 
 
-def _fail(msg: str) -> int:
+def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> int:
     print(f"adaptune: error: {msg}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,6 +48,35 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=int, default=None, help="configs measured per iteration")
     t.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per build and per run")
     sub.add_parser("workloads", help="list the built-in workloads")
+
+    model_help = "zoo name (demo-cnn, alexnet, vgg16, resnet18, mobilenetv2), an .onnx file, or module:attr of a PyTorch model"
+
+    def model_args(q, default=None):
+        q.add_argument("model", nargs="?" if default else None, default=default, help=model_help)
+        q.add_argument("--input-shape", default=None, help="input shape, e.g. 1,3,224,224 (for ONNX files "
+                       "with dynamic dims and PyTorch models without example_input_shape)")
+        q.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), or a JSON dict')
+
+    t = sub.add_parser("tune", help="tune every operator of a model, then compile, check and time it")
+    model_args(t, default="demo-cnn")
+    t.add_argument("--trials", type=int, default=256, help="measurement budget for the whole model (default 256)")
+    t.add_argument("--strategy", default="chameleon", choices=sorted(STRATEGIES), help="search strategy per task")
+    t.add_argument("--work-dir", default=None, help="tuning log (default: runs/<model>-<strategy>-<time>)")
+    t.add_argument("--resume", action="store_true", help="continue the records in --work-dir")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--batch-size", type=int, default=None, help="trials per task per round")
+    t.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per build and per run")
+    c = sub.add_parser("compile", help="build a model with a tuning log into a shared library")
+    model_args(c)
+    c.add_argument("--db", required=True, help="work dir of `adaptune tune`")
+    c.add_argument("-o", "--output", required=True, help="library file to write (.so)")
+    b = sub.add_parser("bench", help="latency of untuned TVM, tuned TVM, PyTorch eager and ONNX Runtime")
+    model_args(b)
+    b.add_argument("--db", default=None, help="work dir of `adaptune tune` (omit to time untuned TVM only)")
+    r = sub.add_parser("report", help="PNG plots and an HTML page for a model work dir")
+    r.add_argument("work_dir")
+    r.add_argument("-o", "--output", default=None, help="folder for the report (default: WORK_DIR/report)")
+    sub.add_parser("models", help="list the built-in models")
     return p
 
 
@@ -159,7 +188,11 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="adaptune: %(levelname)s: %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
-    return {"tune-op": cmd_tune_op, "workloads": cmd_workloads}[args.command](args)
+    from . import cli_models
+    commands = {"tune-op": cmd_tune_op, "workloads": cmd_workloads, "tune": cli_models.cmd_tune,
+                "compile": cli_models.cmd_compile, "bench": cli_models.cmd_bench, "report": cli_models.cmd_report,
+                "models": cli_models.cmd_models}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

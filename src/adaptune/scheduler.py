@@ -1,0 +1,209 @@
+"""Tuning a whole model: one trial budget shared across its tasks, one database, resumable.
+
+Allocation rule (ours, in the spirit of TVM's gradient task scheduler, simpler to reason about):
+
+1. *Warm-up*: every task, heaviest (FLOPs x weight) first, gets one round of
+   ``max(1, min(batch, trials // (2 * n_tasks)))`` trials, so no kernel stays untuned and the
+   warm-up never spends more than half the budget.
+2. *Then* each round of ``batch`` trials goes to the task with the largest expected saving of
+   model latency, ``weight x best_latency x max(gain, 0.05)``, where ``gain`` is the relative
+   improvement of the task's best latency in its last round.  A task that dominates the model's
+   time keeps being chosen even when it stalls (the 0.05 floor); a task whose space is exhausted
+   is skipped.
+
+Work-dir layout: TVM's JSONDatabase files at the top (usable as-is by ``ms.relax_integration``),
+``tasks/<task>.jsonl`` knob-vector logs (every outcome, failures included), and ``model.json``
+(model, target, tasks with weight, FLOPs and untuned latency, graph-pass summary).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ._tvm import ms
+from .database import WorkDirError, repair_jsonl, TVM_FILES
+from .frontends import Model
+from .graph import extract_tasks, optimise, pass_report
+from .measure import Measurer
+from .target import parse_target
+from .tuner import TaskTuner
+
+log = logging.getLogger("adaptune")
+
+MODEL_META = "model.json"
+GAIN_FLOOR = 0.05
+
+
+@dataclass
+class TaskSummary:
+    name: str
+    weight: int
+    flops: float
+    baseline: float | None          # untuned kernel, seconds
+    best: float | None = None       # best tuned kernel, seconds
+    trials: int = 0
+    exhausted: bool = False
+    last_gain: float = 1.0
+
+    @property
+    def current(self) -> float | None:
+        """What this kernel costs in the compiled model now: the faster of tuned and untuned
+        (the untuned kernel is in the database too, so compilation picks the same)."""
+        known = [x for x in (self.best, self.baseline) if x is not None]
+        return min(known) if known else None
+
+
+@dataclass
+class ModelTuneResult:
+    model: str
+    work_dir: str
+    tasks: list[TaskSummary]
+    trials: int
+    new_trials: int
+    wall_time: float
+    passes: dict = field(default_factory=dict)
+
+    def estimated_latency(self, tuned: bool = True) -> float:
+        """Sum over tasks of weight x kernel latency (the model's kernel time, without VM overhead)."""
+        return sum(t.weight * ((t.current if tuned else t.baseline) or 0.0) for t in self.tasks)
+
+
+def next_task(tasks: list[TaskSummary]) -> int | None:
+    """The allocation rule of the module docstring: index of the task that gets the next round."""
+    for i, t in enumerate(tasks):
+        if t.trials == 0 and not t.exhausted:
+            return i
+    live = [(t.weight * (t.current or 0.0) * max(t.last_gain, GAIN_FLOOR), -i) for i, t in enumerate(tasks)
+            if not t.exhausted]
+    return -max(live)[1] if live else None
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _commit_untuned(db, tasks, baselines, target) -> None:
+    """Record each untuned kernel as a candidate (empty trace): a tiny op that only gets slower
+    when parallelised keeps TVM's plain code, because compilation applies the fastest record."""
+    from tvm import s_tir
+    for t in tasks:
+        if baselines[t.name] is not None:
+            db.commit_tuning_record(ms.database.TuningRecord(
+                s_tir.Schedule(t.mod).trace, db.commit_workload(t.mod), run_secs=[baselines[t.name]],
+                target=target, args_info=ms.arg_info.ArgInfo.from_prim_func(t.mod["main"])))
+
+
+def check_model_work_dir(work_dir, resume: bool) -> None:
+    d = Path(work_dir)
+    if (d / MODEL_META).exists() and not resume:
+        raise WorkDirError(f"work dir {d} already has tuning records; pass --resume to continue it "
+                           "or choose another --work-dir")
+    if resume and not (d / MODEL_META).exists():
+        raise WorkDirError(f"--resume: {d} is not a model work dir (no {MODEL_META})")
+
+
+def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = "chameleon", work_dir,
+               resume: bool = False, seed: int = 0, batch_size: int | None = None,
+               measurer: Measurer | None = None,
+               on_progress: Callable[[int, int, str, float], None] | None = None,
+               on_stage: Callable[[str], None] | None = None) -> ModelTuneResult:
+    """Tune every task of ``model`` within ``trials`` measurements in total (resumable).
+
+    ``on_progress(done, trials, task_name, estimated_model_seconds)`` is called after each
+    measurement; ``on_stage(text)`` when a long preparatory step starts."""
+    if trials <= 0:
+        raise ValueError("trials must be positive")
+    target = parse_target(target)
+    stage = on_stage or (lambda s: None)
+    wd = Path(work_dir)
+    check_model_work_dir(wd, resume)
+    t0 = time.perf_counter()
+    stage("graph passes and task extraction")
+    optimised = optimise(model.mod)
+    tasks, fuse_summary = extract_tasks(optimised, target)
+    passes = {**pass_report(model.mod, optimised), **fuse_summary}
+    meta_path = wd / MODEL_META
+    old = json.loads(meta_path.read_text()) if resume else None
+    if old is not None and (old["target"] != str(target) or old["model"] != model.source):
+        raise WorkDirError(f"work dir {wd} was tuned for {old['model']} on {old['target']}; use a separate work dir")
+    measurer = measurer or Measurer(target)
+    if old is not None and {t["name"] for t in old["tasks"]} == {t.name for t in tasks}:
+        baselines = {t["name"]: t["baseline"] for t in old["tasks"]}
+    else:
+        stage(f"measuring the {len(tasks)} untuned kernels")
+        res = measurer.measure([t.mod for t in tasks])
+        baselines = {t.name: r.latency for t, r in zip(tasks, res)}
+    wd.mkdir(parents=True, exist_ok=True)
+    for name in TVM_FILES:
+        repair_jsonl(wd / name)
+    db = ms.database.JSONDatabase(work_dir=str(wd))
+    if old is None:
+        _commit_untuned(db, tasks, baselines, target)
+    meta = {"model": model.source, "name": model.name, "target": str(target), "strategy": strategy,
+            "trials": trials, "inputs": [[n, list(s), d] for n, s, d in model.inputs], "passes": passes,
+            "tasks": [{"name": t.name, "weight": t.weight, "flops": t.flops, "baseline": baselines[t.name]}
+                      for t in tasks]}
+    _write_json(meta_path, meta)
+    summaries = [TaskSummary(t.name, t.weight, t.flops, baselines[t.name]) for t in tasks]
+    tuners: list[TaskTuner | None] = [None] * len(tasks)
+    n = len(tasks)
+    batch = batch_size or max(4, min(16, trials // (4 * n)))
+    warm = max(1, min(batch, trials // (2 * n)))
+    used = 0
+
+    def estimate() -> float:
+        return sum(s.weight * (s.current or 0.0) for s in summaries)
+
+    def tuner(i: int) -> TaskTuner:
+        if tuners[i] is None:
+            def progress(tt: TaskTuner, i=i) -> None:
+                summaries[i].best, summaries[i].trials = tt.state.best_latency, tt.trials
+                if on_progress is not None:
+                    on_progress(sum(s.trials for s in summaries), trials, summaries[i].name, estimate())
+            tuners[i] = TaskTuner(tasks[i].mod, target, strategy=strategy, seed=seed + i, measurer=measurer,
+                                  label=tasks[i].name, on_result=progress,
+                                  store_args={"work_dir": wd, "db": db, "name": tasks[i].name})
+            summaries[i].trials, summaries[i].best = tuners[i].trials, tuners[i].state.best_latency
+        return tuners[i]
+
+    stage("tuning")
+    try:
+        if resume:       # open every task that has records so the budget counts them
+            for i, t in enumerate(tasks):
+                if (wd / "tasks" / f"{t.name}.jsonl").exists():
+                    tuner(i)
+        done0 = sum(s.trials for s in summaries)
+        used = done0
+        while used < trials:
+            i = next_task(summaries)
+            if i is None:
+                log.info("every task's design space is exhausted")
+                break
+            tt = tuner(i)
+            before = summaries[i].current
+            size = warm if tt.trials == 0 else batch
+            got = tt.step(min(size, trials - used))
+            s = summaries[i]
+            s.trials, s.best = tt.trials, tt.state.best_latency
+            if got == 0:
+                s.exhausted = True
+            if before and s.current:
+                s.last_gain = max(0.0, (before - s.current) / before)
+            used = sum(x.trials for x in summaries)
+    finally:
+        for tt in tuners:
+            if tt is not None:
+                tt.close()
+    meta["tasks"] = [{**m, "best": s.best, "trials": s.trials} for m, s in zip(meta["tasks"], summaries)]
+    _write_json(meta_path, meta)
+    untuned = [s.name for s in summaries if s.trials == 0]
+    if untuned:
+        log.warning("%d task(s) got no trials (budget too small): %s", len(untuned), ", ".join(untuned))
+    return ModelTuneResult(model.name, str(wd), summaries, used, used - done0, time.perf_counter() - t0, passes)
