@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,7 +75,9 @@ class Model:
 @contextlib.contextmanager
 def _quiet():
     """Silence chatty exporters (they print progress to stdout/stderr)."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         yield
 
 
@@ -116,7 +119,8 @@ def _from_torch(module, example_shape, name: str, kind: str, source: str) -> Mod
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"input shape mismatch: {name} does not run on input {list(example_shape)} ({msg})") from None
     try:
-        mod = from_exported_program(ep, keep_params_as_input=False)
+        with _quiet():
+            mod = from_exported_program(ep, keep_params_as_input=False)
     except Exception as e:
         msg = " ".join(str(e).split())[:300]
         raise ModelError(f"unsupported operator in {name}: {msg}") from None

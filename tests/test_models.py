@@ -1,0 +1,242 @@
+"""Whole models: frontends, graph passes, the task scheduler, tuning + compile + export + resume,
+the model CLI's bad-input contract, and the HTML report rendered in headless Chromium."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+
+import numpy as np
+import pytest
+
+from adaptune import compile as C
+from adaptune.cli import main
+from adaptune.frontends import ModelError, load_model
+from adaptune.graph import extract_tasks, op_counts, optimise, pass_report
+from adaptune.scheduler import TaskSummary, next_task, tune_model
+
+
+def _onnx_model(op_type="Relu", in_shape=(1, 3, 16, 16)):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    n, c, h, w = in_shape
+    inits = [numpy_helper.from_array(rng.standard_normal((8, c, 3, 3)).astype("float32"), "W"),
+             numpy_helper.from_array(rng.standard_normal((8,)).astype("float32"), "Bc"),
+             numpy_helper.from_array(rng.standard_normal((10, 8 * h * w)).astype("float32"), "G")]
+    nodes = [helper.make_node("Conv", ["X", "W", "Bc"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node(op_type, ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"], axis=1),
+             helper.make_node("Gemm", ["f", "G"], ["Y"], transB=1)]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(in_shape))],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n, 10])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    import onnx
+    path = tmp_path_factory.mktemp("onnx") / "tiny.onnx"
+    onnx.save(_onnx_model(), str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tuned(tiny_onnx, tmp_path_factory, target):
+    """A tiny ONNX model tuned for 6 trials (shared by the compile, resume and report tests)."""
+    wd = tmp_path_factory.mktemp("model") / "wd"
+    model = load_model(str(tiny_onnx))
+    res = tune_model(model, target, trials=6, strategy="chameleon", work_dir=wd)
+    return model, res, wd
+
+
+# -- frontends -----------------------------------------------------------------------------------
+def test_onnx_and_zoo_frontends_give_relax_modules_with_references(tiny_onnx):
+    m = load_model(str(tiny_onnx))
+    assert m.kind == "onnx" and m.inputs == [("X", (1, 3, 16, 16), "float32")]
+    assert m.reference(m.example_inputs())[0].shape == (1, 10)
+    z = load_model("demo-cnn")
+    assert z.kind == "zoo" and z.inputs[0][1] == (1, 3, 32, 32) and z.torch_module is not None
+
+
+def test_pytorch_module_attr_frontend(tmp_path, monkeypatch):
+    (tmp_path / "mynet.py").write_text(textwrap.dedent("""
+        import torch
+        class Net(torch.nn.Module):
+            example_input_shape = (1, 4, 8, 8)
+            def __init__(self):
+                super().__init__()
+                self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+            def forward(self, x):
+                return torch.relu(self.conv(x))
+    """))
+    monkeypatch.chdir(tmp_path)
+    m = load_model("mynet:Net")
+    assert m.kind == "torch" and m.inputs[0][1] == (1, 4, 8, 8)
+    ex = C.build_untuned(m)
+    assert C.check(ex, m) < 1e-4
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no-such-model", "unknown model"),
+    ("missing.onnx", "model file not found"),
+    ("nosuchmodule_xyz:Net", "cannot load PyTorch model"),
+])
+def test_bad_model_specs_are_one_line_errors(spec, message):
+    with pytest.raises(ModelError, match=message):
+        load_model(spec)
+
+
+def test_malformed_unsupported_and_mismatched_onnx(tmp_path):
+    import onnx
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x01garbage" * 10)
+    with pytest.raises(ModelError, match="malformed ONNX"):
+        load_model(str(bad))
+    odd = tmp_path / "odd.onnx"
+    onnx.save(_onnx_model(op_type="Det"), str(odd))     # Det is a real ONNX op that TVM does not import
+    with pytest.raises(ModelError, match="unsupported operator.*Det"):
+        load_model(str(odd))
+    ok = tmp_path / "ok.onnx"
+    onnx.save(_onnx_model(), str(ok))
+    with pytest.raises(ModelError, match="input shape mismatch"):
+        load_model(str(ok), input_shape=(1, 3, 32, 32))
+    with pytest.raises(ModelError, match="input shape mismatch"):
+        load_model("demo-cnn", input_shape=(1, 3, 64, 64))
+
+
+# -- graph passes and tasks ------------------------------------------------------------------------
+def test_graph_passes_fold_batchnorm_and_tasks_carry_weights(target):
+    m = load_model("resnet18")
+    opt = optimise(m.mod)
+    rep = pass_report(m.mod, opt)
+    assert rep["before"]["nn.batch_norm"] == 20 and "nn.batch_norm" not in rep["after"]
+    assert rep["after"]["nn.conv2d"] == 20
+    tasks, summary = extract_tasks(opt, target)
+    conv = [t for t in tasks if "conv2d" in t.name]
+    assert sum(t.weight for t in conv) == 20        # every conv call is covered, repeats share a task
+    assert any(t.weight > 1 for t in conv)
+    assert summary["tasks"] == len(tasks) < summary["kernel_calls"]
+    assert tasks[0].flops * tasks[0].weight == max(t.flops * t.weight for t in tasks)
+
+
+def test_scheduler_warms_up_every_task_then_follows_expected_saving():
+    ts = [TaskSummary("a", 1, 1e9, 1.0, best=0.5, trials=8), TaskSummary("b", 4, 1e9, 1.0, trials=0)]
+    assert next_task(ts) == 1                              # untried task first
+    ts[1].trials, ts[1].best, ts[1].last_gain = 8, 0.2, 0.0   # b stalled, but weight x time = 0.8 * floor
+    ts[0].last_gain = 0.5                                    # a: 0.5 * 0.5 = 0.25 > 0.8 * 0.05
+    assert next_task(ts) == 0
+    ts[0].exhausted = True
+    assert next_task(ts) == 1
+    ts[1].exhausted = True
+    assert next_task(ts) is None
+
+
+# -- tune, compile, export, resume -----------------------------------------------------------------
+def test_tuned_model_compiles_checks_exports_and_resumes(tuned, target, tmp_path):
+    model, res, wd = tuned
+    assert res.trials == 6 and all(t.trials >= 1 for t in res.tasks)     # warm-up reached every task
+    meta = json.loads((wd / "model.json").read_text())
+    assert {t["name"] for t in meta["tasks"]} == {t.name for t in res.tasks}
+    ex = C.build_tuned(model, C.open_database(wd), target)
+    assert C.check(ex, model) < 1e-4                       # against ONNX Runtime
+    lib = C.export(ex, tmp_path / "model.so")
+    x = model.example_inputs(seed=3)
+    np.testing.assert_allclose(C.run_vm(C.load(lib), x)[0], model.reference(x)[0], rtol=1e-4, atol=1e-4)
+    # resume: two more trials, nothing measured twice
+    res2 = tune_model(model, target, trials=8, work_dir=wd, resume=True)
+    assert res2.trials == 8 and res2.new_trials == 2
+    for t in meta["tasks"]:
+        rows = [json.loads(ln) for ln in (wd / "tasks" / f"{t['name']}.jsonl").read_text().splitlines()]
+        configs = [tuple(r["config"]) for r in rows]
+        assert len(configs) == len(set(configs))
+
+
+def test_interrupted_model_tuning_is_resumable(tiny_onnx, target, tmp_path):
+    model = load_model(str(tiny_onnx))
+    wd = tmp_path / "wd"
+    seen = []
+
+    def stop_after_three(done, total, task, est):
+        seen.append(done)
+        if done == 3:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        tune_model(model, target, trials=10, work_dir=wd, on_progress=stop_after_three)
+    res = tune_model(model, target, trials=4, work_dir=wd, resume=True)
+    assert res.trials == 4 and res.new_trials == 1
+
+
+# -- CLI ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["tune", "no-such-model"], "unknown model"),
+    (["tune", "missing.onnx"], "model file not found"),
+    (["tune", "demo-cnn", "--trials", "0"], "--trials must be a positive"),
+    (["tune", "demo-cnn", "--input-shape", "1,3,x"], "--input-shape"),
+    (["tune", "demo-cnn", "--target", "{bad json"], "target"),
+    (["compile", "demo-cnn", "--db", "no-such-dir", "-o", "m.so"], "not an adaptune"),
+    (["report", "no-such-dir"], "not a model work dir"),
+])
+def test_model_cli_bad_input_is_one_line_exit_2_and_writes_nothing(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("adaptune: error:") and message in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_cli_unsupported_operator_and_malformed_file(tmp_path, monkeypatch, capsys):
+    import onnx
+    monkeypatch.chdir(tmp_path)
+    onnx.save(_onnx_model(op_type="Det"), "odd.onnx")
+    (tmp_path / "bad.onnx").write_bytes(b"not an onnx file")
+    for name, message in (("odd.onnx", "unsupported operator"), ("bad.onnx", "malformed ONNX")):
+        assert main(["tune", name, "--work-dir", "wd"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+    assert not (tmp_path / "wd").exists()
+
+
+def test_compile_cli_writes_a_checked_library(tuned, tiny_onnx, tmp_path, capsys):
+    _, _, wd = tuned
+    out = tmp_path / "tiny.so"
+    assert main(["compile", str(tiny_onnx), "--db", str(wd), "-o", str(out)]) == 0
+    assert out.stat().st_size > 0 and "numerics PASS" in capsys.readouterr().out
+
+
+# -- report ------------------------------------------------------------------------------------------
+CHECK_SCRIPT = """<script>
+window.addEventListener('load', () => {
+  const imgs = [...document.images];
+  const ok = imgs.filter(i => i.complete && i.naturalWidth > 100 && i.naturalHeight > 100).length;
+  document.body.setAttribute('data-images', ok + '/' + imgs.length);
+});
+</script></body>"""
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    raise AssertionError("Chromium is needed for this test (.ci/run installs Debian's chromium package)")
+
+
+def test_report_renders_in_headless_chromium(tuned, tmp_path):
+    from adaptune.report import write_report
+    _, res, wd = tuned
+    page = write_report(wd, tmp_path / "report")
+    assert {p.name for p in page.parent.glob("*.png")} == {"convergence.png", "model_convergence.png",
+                                                          "speedup.png", "trials.png"}
+    probe = page.parent / "probe.html"      # the report itself carries no test code
+    probe.write_text(page.read_text().replace("</body>", CHECK_SCRIPT))
+    dom = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         f"--user-data-dir={tmp_path / 'chrome-profile'}", "--virtual-time-budget=5000", "--dump-dom",
+         probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert 'data-images="4/4"' in dom
+    for t in res.tasks:
+        assert t.name in dom
+    assert "adaptune report" in dom
