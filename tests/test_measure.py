@@ -1,6 +1,6 @@
 import numpy as np
 
-import faulty
+from adaptune import faults as faulty
 from adaptune.measure import CRASH, OK, TIMEOUT, Measurer
 
 

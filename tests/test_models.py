@@ -62,6 +62,33 @@ def test_onnx_and_zoo_frontends_give_relax_modules_with_references(tiny_onnx):
     assert z.kind == "zoo" and z.inputs[0][1] == (1, 3, 32, 32) and z.torch_module is not None
 
 
+def test_relax_module_frontend_uses_the_untuned_build_as_reference(target):
+    from tvm import relax
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    w = relax.const(np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+        bb.emit_func_output(out)
+    m = load_model(bb.get())
+    assert m.kind == "relax" and m.inputs == [("x", (1, 4, 8, 8), "float32")]
+    tasks, _ = extract_tasks(optimise(m.mod), target)
+    assert len(tasks) == 1 and tasks[0].name.startswith("fused_conv2d_relu")
+    assert C.check(C.build_untuned(m, target), m) == 0.0
+
+
+@pytest.mark.parametrize("name", ["alexnet", "vgg16", "mobilenetv2"])
+def test_zoo_models_import_and_split_into_tasks(name, target):
+    from adaptune import zoo
+    m = load_model(name)
+    assert m.inputs[0][1] == zoo.MODELS[name][1]
+    tasks, summary = extract_tasks(optimise(m.mod), target)
+    n_convs = sum(isinstance(x, zoo.nn.Conv2d) for x in m.torch_module.modules())
+    assert sum(t.weight for t in tasks if "conv2d" in t.name) == n_convs
+    assert summary["kernel_calls"] >= n_convs
+
+
 def test_pytorch_module_attr_frontend(tmp_path, monkeypatch):
     (tmp_path / "mynet.py").write_text(textwrap.dedent("""
         import torch
@@ -123,11 +150,12 @@ def test_graph_passes_fold_batchnorm_and_tasks_carry_weights(target):
     assert tasks[0].flops * tasks[0].weight == max(t.flops * t.weight for t in tasks)
 
 
-def test_scheduler_warms_up_every_task_then_follows_expected_saving():
+def test_scheduler_warms_up_every_task_then_follows_time_share_per_trial():
     ts = [TaskSummary("a", 1, 1e9, 1.0, best=0.5, trials=8), TaskSummary("b", 4, 1e9, 1.0, trials=0)]
     assert next_task(ts) == 1                              # untried task first
-    ts[1].trials, ts[1].best, ts[1].last_gain = 8, 0.2, 0.0   # b stalled, but weight x time = 0.8 * floor
-    ts[0].last_gain = 0.5                                    # a: 0.5 * 0.5 = 0.25 > 0.8 * 0.05
+    ts[1].trials, ts[1].best = 8, 0.2                       # b: 4 x 0.2 / 8 = 0.1 > a: 0.5 / 8
+    assert next_task(ts) == 1
+    ts[1].trials = 24                                      # b: 0.8 / 24 < a: 0.5 / 8
     assert next_task(ts) == 0
     ts[0].exhausted = True
     assert next_task(ts) == 1

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-import faulty
+from adaptune import faults as faulty
 from adaptune import tune_tir
 from adaptune._tvm import ms, tvm
 from adaptune.cli import check_numerics

@@ -19,6 +19,7 @@ class UsageError(Exception):
 
 
 def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> int:
+    msg = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(msg))   # one line, whatever was typed
     print(f"adaptune: error: {msg}", file=sys.stderr)
     return code
 
@@ -26,6 +27,34 @@ def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> int:
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse would print the usage too)
         raise UsageError(message)
+
+
+def _rpc_args(p) -> None:
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT",
+                   help="measure on devices behind this TVM RPC tracker instead of locally")
+    p.add_argument("--device-key", default=None, help="the key the RPC servers registered with (with --rpc)")
+
+
+def stopped_message(e: Exception, work_dir) -> str:
+    """One line for a run that had to stop (device gone, work dir not writable)."""
+    from .measure import RPCError
+    why = str(e) if isinstance(e, RPCError) else f"cannot write to the work dir ({e.strerror or e})"
+    return f"tuning stopped: {why}; records measured so far are kept in {work_dir}, continue with --resume"
+
+
+def make_measurer(args, target):
+    """The Measurer the arguments ask for; remote devices are checked before any work starts."""
+    from .measure import Measurer, RPCDevice, RPCError
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    rpc = None
+    if args.rpc or args.device_key:
+        try:
+            rpc = RPCDevice.parse(args.rpc or "", args.device_key or "", session_timeout=int(args.timeout) + 30)
+            rpc.check(wait=3.0)
+        except RPCError as e:
+            raise UsageError(str(e)) from None
+    return Measurer(target, timeout=args.timeout, rpc=rpc)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=int, default=None, help="configs measured per iteration")
     t.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per build and per run")
+    _rpc_args(t)
     sub.add_parser("workloads", help="list the built-in workloads")
 
     model_help = "zoo name (demo-cnn, alexnet, vgg16, resnet18, mobilenetv2), an .onnx file, or module:attr of a PyTorch model"
@@ -66,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=int, default=None, help="trials per task per round")
     t.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per build and per run")
+    _rpc_args(t)
     c = sub.add_parser("compile", help="build a model with a tuning log into a shared library")
     model_args(c)
     c.add_argument("--db", required=True, help="work dir of `adaptune tune`")
@@ -109,6 +140,7 @@ def cmd_tune_op(args) -> int:
     from rich.table import Table
 
     from .database import WorkDirError, check_work_dir
+    from .measure import RPCError
     from .target import TargetError, parse_target
     from .tuner import tune_tir
     from .workloads import DEFAULT_WORKLOAD, WorkloadError, get_workload
@@ -127,10 +159,9 @@ def cmd_tune_op(args) -> int:
     work_dir = Path(args.work_dir or f"runs/{workload.label.replace(':', '_')}-{args.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         check_work_dir(work_dir, args.resume)
-    except WorkDirError as e:
+        measurer = make_measurer(args, target)
+    except (WorkDirError, UsageError) as e:
         return _fail(str(e))
-
-    from .measure import Measurer
 
     console = Console(stderr=False)
     console.print(f"[bold]adaptune[/] tune-op {workload.label}  ({workload.flops / 1e6:.1f} MFLOP)  "
@@ -145,14 +176,15 @@ def cmd_tune_op(args) -> int:
         try:
             result = tune_tir(workload.mod(), target, strategy=args.strategy, trials=args.trials,
                               work_dir=work_dir, resume=args.resume, seed=args.seed, batch_size=args.batch_size,
-                              measurer=Measurer(target, timeout=args.timeout), on_progress=on_progress,
-                              label=workload.label)
+                              measurer=measurer, on_progress=on_progress, label=workload.label)
         except WorkDirError as e:
             return _fail(str(e))
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: measured records are saved in {work_dir}; "
                           f"continue with --work-dir {work_dir} --resume")
             return 130
+        except (OSError, RPCError) as e:
+            return _fail(stopped_message(e, work_dir), 1)
     table = Table(title=f"{workload.label} with {args.strategy}", show_header=False)
     table.add_row("work dir", str(work_dir))
     table.add_row("trials measured", f"{result.trials} ({result.new_trials} in this run)")
@@ -161,7 +193,9 @@ def cmd_tune_op(args) -> int:
     table.add_row("wall time", f"{result.wall_time:.1f} s (search overhead {result.overhead:.1f} s)")
     if result.best_latency is None:
         console.print(table)
-        print("adaptune: error: no candidate could be measured; see the failures above", file=sys.stderr)
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(result.failures.items())) or "none measured"
+        print(f"adaptune: error: no candidate could be measured ({counts}); last error: {result.last_error}",
+              file=sys.stderr)
         return 1
     ok, err = check_numerics(workload, result.best_schedule, target)
     table.add_row("best latency", f"{result.best_latency * 1e3:.4f} ms")

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import _fail, _progress
+from .cli import UsageError, _fail, _progress, make_measurer, stopped_message
 
 
 class _Bad(Exception):
@@ -77,7 +77,7 @@ def cmd_tune(args) -> int:
     from . import compile as C
     from .compile import NumericsError
     from .database import WorkDirError
-    from .measure import Measurer
+    from .measure import RPCError
     from .scheduler import MODEL_META, check_model_work_dir, tune_model
 
     try:
@@ -89,7 +89,8 @@ def cmd_tune(args) -> int:
                                          f"{time.strftime('%Y%m%d-%H%M%S')}")
         check_model_work_dir(work_dir, args.resume)
         model, target = _load(args)
-    except (_Bad, WorkDirError) as e:
+        measurer = make_measurer(args, target)
+    except (_Bad, WorkDirError, UsageError) as e:
         return _fail(str(e))
     console = Console()
     console.print(f"[bold]adaptune[/] tune {model.name}  strategy={args.strategy}  trials={args.trials}  "
@@ -106,7 +107,7 @@ def cmd_tune(args) -> int:
         try:
             result = tune_model(model, target, trials=args.trials, strategy=args.strategy, work_dir=work_dir,
                                 resume=args.resume, seed=args.seed, batch_size=args.batch_size,
-                                measurer=Measurer(target, timeout=args.timeout), on_progress=on_progress,
+                                measurer=measurer, on_progress=on_progress,
                                 on_stage=on_stage)
         except WorkDirError as e:
             return _fail(str(e))
@@ -114,6 +115,8 @@ def cmd_tune(args) -> int:
             console.print(f"[yellow]interrupted[/]: measured records are saved in {work_dir}; "
                           f"continue with: adaptune tune {args.model} --work-dir {work_dir} --resume")
             return 130
+        except (OSError, RPCError) as e:
+            return _fail(stopped_message(e, work_dir), 1)
     p = result.passes
     console.print(f"graph: {p['ops_before']} ops -> {p['ops_after']} after folding "
                   f"({', '.join(f'{k} {v}' for k, v in p['before'].items() if k not in p['after'])} removed) "

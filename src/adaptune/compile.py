@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ._tvm import ms
-from .graph import fuse, optimise
+from .graph import apply_database, fuse, optimise
 from .target import parse_target
 
 import tvm
@@ -40,9 +40,7 @@ def build_untuned(model, target=None):
 def build_tuned(model, database, target=None):
     """Apply the best record of every task from ``database`` and build."""
     target = parse_target(target)
-    with database:
-        fused = fuse(optimise(model.mod), target)
-    return tvm.compile(fused, target=target)
+    return tvm.compile(apply_database(fuse(optimise(model.mod), target), database, target), target=target)
 
 
 def export(executable, path) -> Path:

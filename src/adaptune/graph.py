@@ -5,7 +5,10 @@ the inference-only ops into elementwise arithmetic and folds constants; Relax's 
 (legalise, annotate, fold, fuse, FuseTIR) then fuses every conv/matmul with its elementwise
 epilogue, so each task is one kernel.  The same pipeline runs again at compile time with the
 tuning database applied, which is why tasks are keyed by the structurally identical PrimFuncs.
-Layout: we keep NCHW; MetaSchedule's multi-level tiling already packs data in cache.
+Layout: activations stay NCHW; weights are marked layout-free (``AttachAttrLayoutFreeBuffers``,
+as TVM's own ``static_shape_tuning`` pipeline does on CPU), so each tuned schedule may choose the
+weight layout its loops read contiguously (MetaSchedule's ``RewriteLayout``), and compilation
+pre-transforms the constant weights once (``SplitLayoutRewritePreproc`` + ``FoldConstant``).
 """
 from __future__ import annotations
 
@@ -60,9 +63,21 @@ def optimise(mod) -> "tvm.IRModule":
 
 
 def fuse(mod, target) -> "tvm.IRModule":
-    """Relax's legalise + fuse pipeline; applies the current MetaSchedule database if one is entered."""
+    """Relax's legalise + fuse pipeline, then weights marked layout-free (the tasks are these PrimFuncs)."""
     with target, tvm.transform.PassContext(opt_level=3):
-        return relax.get_pipeline("zero")(mod)
+        mod = relax.get_pipeline("zero")(mod)
+        return relax.transform.AttachAttrLayoutFreeBuffers()(mod)
+
+
+def apply_database(fused, database, target) -> "tvm.IRModule":
+    """Replace each kernel by its best record, then pre-transform the weights it rewrote."""
+    with target, database, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential([
+            relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
+            relax.transform.SplitLayoutRewritePreproc(),
+            relax.transform.LiftTransformParams(),
+            relax.transform.FoldConstant(),
+        ])(fused)
 
 
 def extract_tasks(optimised, target) -> tuple[list[Task], dict]:

@@ -8,6 +8,7 @@ a batch.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -16,6 +17,7 @@ from ._build import fast_build
 from .target import device_type
 
 OK, BUILD_ERROR, RUN_ERROR, TIMEOUT, CRASH = "ok", "build", "run", "timeout", "crash"
+WRONG = "wrong"     # ran, but its output differs from the untuned kernel's (see verify.py)
 
 
 @dataclass
@@ -48,21 +50,69 @@ def _short(message: str, limit: int = 300) -> str:
     return (lines[-1] if lines else "")[:limit]
 
 
+class RPCError(RuntimeError):
+    """The RPC tracker cannot be reached or has no device under the key."""
+
+
+@dataclass(frozen=True)
+class RPCDevice:
+    """A device farm behind TVM's RPC tracker (``python -m tvm.exec.rpc_tracker``)."""
+    host: str
+    port: int
+    key: str
+    session_timeout: int = 60       # seconds one remote measurement may take, upload to result
+
+    @classmethod
+    def parse(cls, address: str, key: str, session_timeout: int = 60) -> "RPCDevice":
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise RPCError(f"--rpc must be HOST:PORT of an RPC tracker, got {address!r}")
+        if not key:
+            raise RPCError("--rpc needs --device-key, the key the RPC servers registered with")
+        return cls(host, int(port), key, session_timeout)
+
+    def check(self, wait: float = 10.0) -> int:
+        """Number of RPC servers registered under our key (free or busy); fails with one clear line
+        if none shows up within ``wait`` seconds (a server re-registers after each session)."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                summary = tvm.rpc.connect_tracker(self.host, self.port).summary()
+            except Exception as e:  # noqa: BLE001
+                raise RPCError(f"cannot reach the RPC tracker at {self.host}:{self.port} ({type(e).__name__})") from None
+            servers = [s for s in summary.get("server_info", []) if str(s.get("key", "")).split(":")[-1] == self.key]
+            if servers:
+                return len(servers)
+            if time.monotonic() > deadline:
+                keys = ", ".join(sorted({str(s.get("key", "")).split(":")[-1]
+                                         for s in summary.get("server_info", [])})) or "none"
+                raise RPCError(f"no RPC server with key {self.key!r} at {self.host}:{self.port} "
+                               f"(servers' keys: {keys})")
+            time.sleep(0.5)
+
+
 class Measurer:
     """Builds with ``fast_build`` in parallel workers, runs one candidate at a time.
 
     ``timeout`` bounds each build and each run; the runner reports the median of ``repeat``
-    timings, each the mean of at least ``number`` runs and ``min_repeat_ms`` milliseconds."""
+    timings, each the mean of at least ``number`` runs and ``min_repeat_ms`` milliseconds.
+    With ``rpc`` the kernels run on a device behind TVM's RPC tracker instead of locally."""
 
     def __init__(self, target, *, timeout: float = 30.0, number: int = 2, repeat: int = 3,
-                 min_repeat_ms: int = 20, build_workers: int | None = None):
+                 min_repeat_ms: int = 20, build_workers: int | None = None, rpc: RPCDevice | None = None):
         self.target = target
         self.timeout = timeout
+        self.rpc = rpc
         self.builder = ms.builder.LocalBuilder(max_workers=build_workers, timeout_sec=timeout, f_build=fast_build)
-        self.runner = ms.runner.LocalRunner(
-            timeout_sec=timeout,
-            evaluator_config=ms.runner.EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
-                                                       enable_cpu_cache_flush=False))
+        evaluator = ms.runner.EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                                              enable_cpu_cache_flush=False)
+        if rpc is None:
+            self.runner = ms.runner.LocalRunner(timeout_sec=timeout, evaluator_config=evaluator)
+        else:
+            self.runner = ms.runner.RPCRunner(
+                rpc_config=ms.runner.RPCConfig(tracker_host=rpc.host, tracker_port=rpc.port, tracker_key=rpc.key,
+                                               session_timeout_sec=rpc.session_timeout),
+                evaluator_config=evaluator, max_workers=1)
 
     def measure(self, mods: Sequence["tvm.IRModule"],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
@@ -90,6 +140,9 @@ class Measurer:
             except Exception as e:  # noqa: BLE001
                 done(i, MeasureResult(BUILD_ERROR, message=_short(str(e))))
         for i, path, runner_input in pending:   # one at a time, so each result is saved at once
+            if self.rpc is not None:
+                # TVM's RPC runner waits forever for a server that is gone: stop with RPCError instead
+                self.rpc.check()
             try:
                 r = self.runner.run([runner_input])[0].result()
                 if r.error_msg is not None:

@@ -14,10 +14,11 @@ import numpy as np
 
 from .cost_model import CostModel
 from .database import RecordStore
-from .measure import Measurer, MeasureResult
+from .measure import WRONG, Measurer, MeasureResult
 from .space import KnobSpace
 from .strategies import Strategy, make_strategy
 from .target import parse_target
+from .verify import KernelChecker
 
 log = logging.getLogger("adaptune")
 
@@ -110,6 +111,7 @@ class TuneResult:
     history: list[tuple[int, float, float | None]] = field(default_factory=list)  # (trial, elapsed s, best so far)
     overhead: float = 0.0               # seconds spent outside build+run (search, decode, model)
     work_dir: str | None = None
+    last_error: str = ""                # the latest failure's kind and message
 
 
 class TaskTuner:
@@ -121,7 +123,7 @@ class TaskTuner:
 
     def __init__(self, mod, target, *, strategy="chameleon", seed: int = 0, store_args: dict | None = None,
                  measurer: Measurer | None = None, label: str = "", strategy_options: dict | None = None,
-                 on_result: Callable[["TaskTuner"], None] | None = None):
+                 on_result: Callable[["TaskTuner"], None] | None = None, verify: bool = True):
         self.t0 = time.perf_counter()
         self.label = label or "main"
         self.space = KnobSpace(mod, target, seed=seed)
@@ -131,11 +133,13 @@ class TaskTuner:
         self.measurer = measurer or Measurer(self.space.target)
         self.store = RecordStore(space=self.space, label=label, **store_args) if store_args else None
         self.on_result = on_result
+        self.checker = KernelChecker(mod, self.space.target, seed=seed) if verify else None
         self.schedules: dict[tuple, object] = {}
         self.failures: dict[str, int] = {}
         self.history: list[tuple[int, float, float | None]] = []
         self.measure_time = 0.0
         self.exhausted = False
+        self.last_error = ""
         if self.store is not None:
             configs, lats = self.store.measured()
             self.state.record(configs, lats)
@@ -163,6 +167,7 @@ class TaskTuner:
 
         def on_result(i: int, res: MeasureResult) -> None:
             config, sch = batch[i]
+            res = self._verified(sch, res)
             if self.store is not None:
                 self.store.add(config, sch, res)
             self.state.record([config], [res.latency])
@@ -170,6 +175,7 @@ class TaskTuner:
                 self.schedules[tuple(int(x) for x in config)] = sch
             else:
                 self.failures[res.error] = self.failures.get(res.error, 0) + 1
+                self.last_error = f"{res.error}: {res.message}"
             self.history.append((self.trials, time.perf_counter() - self.t0, self.state.best_latency))
             if self.on_result is not None:
                 self.on_result(self)
@@ -179,6 +185,20 @@ class TaskTuner:
         self.state.refit()
         self.strategy.update(np.array([c for c, _ in batch]), [r.latency for r in results])
         return len(batch)
+
+    def _verified(self, sch, res: MeasureResult) -> MeasureResult:
+        """A would-be new best must compute what the untuned kernel computes (see verify.py)."""
+        best = self.state.best_latency
+        if self.checker is None or not res.ok or (best is not None and res.latency >= best):
+            return res
+        try:
+            ok, why = self.checker.check(sch.mod)
+        except Exception as e:  # noqa: BLE001 - a kernel we cannot re-run is not trusted either
+            ok, why = False, f"could not be re-run for checking: {type(e).__name__}: {e}"
+        if ok is False:
+            log.warning("%s: fast candidate rejected, wrong result (%s)", self.label, why)
+            return MeasureResult(WRONG, res.run_secs, why)
+        return res
 
     def close(self) -> None:
         if self.store is not None:
@@ -195,7 +215,7 @@ class TaskTuner:
                           best_schedule=best_sch, trials=self.trials, new_trials=self.trials - self.done0,
                           invalid=len(self.state.invalid), failures=self.failures, wall_time=wall,
                           history=self.history, overhead=wall - self.measure_time,
-                          work_dir=str(self.store.dir) if self.store else None)
+                          work_dir=str(self.store.dir) if self.store else None, last_error=self.last_error)
 
 
 def tune_tir(mod, target=None, *, strategy="chameleon", trials: int = 64, work_dir=None, resume: bool = False,

@@ -1,0 +1,49 @@
+"""Is a measured kernel correct?  Checked against the task's own untuned PrimFunc.
+
+MetaSchedule measures speed only; a candidate that is fast because it computes the wrong thing
+would win the search and end up in the compiled model.  Every task has a reference that needs no
+framework: TVM's plain lowering of the same, unscheduled PrimFunc.  The tuner checks each
+candidate that would become the new best (a handful per task, so the cost stays small) on random
+inputs, and records a mismatch as a failed candidate instead of a result.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._tvm import ms, tvm
+
+
+def signature(mod) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of each argument of ``mod``'s main PrimFunc."""
+    return [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])]
+
+
+class KernelChecker:
+    def __init__(self, mod, target, *, seed: int = 0, rtol: float = 1e-3):
+        self.mod, self.target, self.rtol = mod, target, rtol
+        self.sig = signature(mod)
+        rng = np.random.default_rng(seed)
+        self.args = [rng.standard_normal(s).astype(d) if "float" in d else rng.integers(0, 4, s).astype(d)
+                     for s, d in self.sig]
+        self._expected: list[np.ndarray] | None = None
+
+    def _run(self, mod) -> list[np.ndarray]:
+        dev = tvm.cpu()
+        ex = tvm.compile(mod, target=self.target)
+        bufs = [tvm.runtime.tensor(a.copy(), dev) for a in self.args]
+        ex["main"](*bufs)
+        return [b.numpy() for b in bufs]
+
+    def check(self, mod) -> tuple[bool | None, str]:
+        """(True, "") if ``mod`` computes what the untuned kernel computes; (False, why) if not;
+        (None, why) when it cannot be compared (another argument layout)."""
+        if signature(mod) != self.sig:
+            return None, "argument layout differs from the untuned kernel"
+        if self._expected is None:
+            self._expected = self._run(self.mod)
+        got = self._run(mod)
+        for i, (g, w) in enumerate(zip(got, self._expected)):
+            scale = max(float(np.abs(w).max()), 1e-6) if w.size else 1.0
+            if g.shape != w.shape or (w.size and float(np.abs(g.astype(np.float64) - w).max()) > self.rtol * scale):
+                return False, f"argument {i} differs from the untuned kernel's result"
+        return True, ""

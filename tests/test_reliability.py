@@ -1,0 +1,117 @@
+"""Reliability: measurement through TVM's RPC tracker, injected faults (wrong results, build
+failures, a device that disappears, a full disk, nothing measurable), and determinism."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm_ffi
+
+from adaptune import faults, tune_tir
+from adaptune.cli import main
+from adaptune.database import RECORDS
+from adaptune.measure import Measurer, MeasureResult, RPCError
+from adaptune.workloads import get_workload
+from adaptune._tvm import ms
+
+DENSE = get_workload("tiny-dense")
+
+
+def _records(wd):
+    return [json.loads(ln) for ln in (wd / RECORDS).read_text().splitlines() if ln.strip()]
+
+
+@pytest.fixture
+def rpc_farm():
+    with faults.local_rpc_farm("adaptune-test") as farm:
+        yield farm
+
+
+def test_tuning_through_an_rpc_tracker_and_losing_the_device(rpc_farm, tmp_path, target):
+    device, procs = rpc_farm
+    res = tune_tir(DENSE.mod(), target, strategy="random", trials=4, batch_size=4, work_dir=tmp_path, seed=1,
+                   measurer=Measurer(target, timeout=20, rpc=device))
+    assert res.trials == 4 and res.failures == {} and res.best_latency > 0
+    # the server dies mid-run: the run stops with RPCError, everything measured stays on disk
+    faults.kill_group(procs[1])
+    with pytest.raises(RPCError, match="no RPC server"):
+        tune_tir(DENSE.mod(), target, strategy="random", trials=8, batch_size=4, work_dir=tmp_path, seed=1,
+                 resume=True, measurer=Measurer(target, timeout=20, rpc=device))
+    recs = _records(tmp_path)
+    assert [r["error"] for r in recs[:4]] == ["ok"] * 4 and len(recs) <= 5
+
+
+def test_cli_refuses_an_rpc_key_without_servers(rpc_farm, tmp_path, capsys):
+    device, _ = rpc_farm
+    code = main(["tune-op", "tiny-dense", "--work-dir", str(tmp_path / "wd"), "--rpc",
+                 f"127.0.0.1:{device.port}", "--device-key", "no-such-key"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no RPC server with key 'no-such-key'" in err[0]
+    assert not (tmp_path / "wd").exists()
+
+
+def test_a_fast_wrong_kernel_is_rejected_and_never_reaches_the_database(tmp_path, target):
+    with faults.wrong_first_candidate(DENSE.mod()) as injected:
+        res = tune_tir(DENSE.mod(), target, strategy="sa", trials=6, batch_size=3, work_dir=tmp_path, seed=2)
+    recs = {tuple(r["config"]): r for r in _records(tmp_path)}
+    assert recs[injected[0]]["error"] == "wrong" and res.failures == {"wrong": 1}
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    assert len(db) == 5                                    # the wrong kernel is not a tuning record
+    best = db.get_top_k(db.commit_workload(DENSE.mod()), 1)[0]
+    assert np.median([float(x) for x in best.run_secs]) == pytest.approx(res.best_latency)
+
+
+def test_build_failures_are_records_and_the_run_goes_on(tmp_path, target):
+    m = faults.InjectingMeasurer(target, {0: faults.BuildFails}, timeout=10)
+    res = tune_tir(DENSE.mod(), target, strategy="random", trials=4, batch_size=4, work_dir=tmp_path, seed=3,
+                   measurer=m)
+    assert res.trials == 4 and res.failures == {"build": 1} and res.best_latency > 0
+
+
+def test_full_disk_stops_the_run_with_one_line_and_keeps_records(tmp_path, capsys):
+    wd = tmp_path / "wd"
+    with faults.disk_full_after(3):
+        code = main(["tune-op", "tiny-dense", "--trials", "8", "--batch-size", "4", "--strategy", "random",
+                     "--work-dir", str(wd)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "No space left on device" in err[-1] and "--resume" in err[-1]
+    assert len(_records(wd)) == 3
+    assert main(["tune-op", "tiny-dense", "--trials", "5", "--strategy", "random", "--work-dir", str(wd),
+                 "--resume"]) == 0
+    recs = _records(wd)
+    assert len(recs) == 5 and len({tuple(r["config"]) for r in recs}) == 5
+
+
+def test_a_run_that_measures_nothing_exits_non_zero_and_says_why(tmp_path, monkeypatch, capsys, target):
+    import adaptune.cli as cli
+    everything_crashes = faults.InjectingMeasurer(target, {i: faults.Segfault for i in range(4)}, batches=10,
+                                                  timeout=10)
+    monkeypatch.setattr(cli, "make_measurer", lambda args, t: everything_crashes)
+    code = main(["tune-op", "tiny-dense", "--trials", "4", "--batch-size", "4", "--work-dir", str(tmp_path / "wd")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "no candidate could be measured (crash 4)" in err[-1]
+
+
+class _FakeMeasurer:
+    """Deterministic 'measurements' without hardware: latency is a function of the kernel's IR."""
+
+    def measure(self, mods, on_result=None):
+        out = []
+        for i, mod in enumerate(mods):
+            h = int(tvm_ffi.structural_hash(mod)) % 1000
+            out.append(MeasureResult("ok", [1e-4 * (1 + h / 100)]))
+            if on_result is not None:
+                on_result(i, out[-1])
+        return out
+
+
+@pytest.mark.parametrize("strategy", ["random", "sa", "chameleon"])
+def test_same_seed_and_measurements_give_the_same_candidates(strategy, tmp_path, target):
+    runs = []
+    for rep in range(2):
+        tune_tir(DENSE.mod(), target, strategy=strategy, trials=12, batch_size=4, work_dir=tmp_path / str(rep),
+                 seed=7, measurer=_FakeMeasurer(), strategy_options={"episodes": 16, "max_steps": 20}
+                 if strategy == "chameleon" else None)
+        runs.append([r["config"] for r in _records(tmp_path / str(rep))])
+    assert runs[0] == runs[1] and len(runs[0]) == 12
