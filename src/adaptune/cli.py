@@ -29,6 +29,37 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _tuning_args(p, trials: int, what: str) -> None:
+    """The options tune-op and tune share."""
+    from .strategies import STRATEGIES
+    p.add_argument("--trials", type=int, default=trials,
+                   help=f"measurement budget of the work dir, for the whole {what} (default {trials})")
+    p.add_argument("--strategy", default="chameleon", choices=sorted(STRATEGIES),
+                   help="search strategy (default chameleon = rl+as; sa is AutoTVM's baseline)")
+    p.add_argument("--work-dir", default=None, help=f"where records go (default: runs/<{what}>-<strategy>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the records in --work-dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=None, help="configs measured per iteration (per task)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per build and per run")
+    _rpc_args(p)
+
+
+def run_guarded(console, work_dir, resume_hint: str, fn):
+    """Run a tuning call; interruption, a lost device or a full disk become one line and an exit
+    code (records stay on disk).  Returns (result, None) or (None, exit code)."""
+    from .database import WorkDirError
+    from .measure import RPCError
+    try:
+        return fn(), None
+    except WorkDirError as e:
+        return None, _fail(str(e))
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/]: measured records are saved in {work_dir}; continue with: {resume_hint}")
+        return None, 130
+    except (OSError, RPCError) as e:
+        return None, _fail(stopped_message(e, work_dir), 1)
+
+
 def _rpc_args(p) -> None:
     p.add_argument("--rpc", default=None, metavar="HOST:PORT",
                    help="measure on devices behind this TVM RPC tracker instead of locally")
@@ -58,8 +89,6 @@ def make_measurer(args, target):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .strategies import STRATEGIES
-
     p = _Parser(prog="adaptune", description="Autotune deep-learning operators on Apache TVM.")
     p.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -68,15 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="L1..L8, resnet18-8, tiny-conv, tiny-dense, or kind:dims e.g. conv2d:1,64,56,56,64,3,3,1,1 "
                         "(default: L8, a ResNet-18 3x3 conv)")
     t.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), "llvm", or a JSON dict')
-    t.add_argument("--trials", type=int, default=64, help="measurement budget of the work dir (default 64)")
-    t.add_argument("--strategy", default="chameleon", choices=sorted(STRATEGIES),
-                   help="search strategy (default chameleon = rl+as; sa is AutoTVM's baseline)")
-    t.add_argument("--work-dir", default=None, help="where records go (default: runs/<workload>-<strategy>-<time>)")
-    t.add_argument("--resume", action="store_true", help="continue the records in --work-dir")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--batch-size", type=int, default=None, help="configs measured per iteration")
-    t.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per build and per run")
-    _rpc_args(t)
+    _tuning_args(t, 64, "workload")
     sub.add_parser("workloads", help="list the built-in workloads")
 
     model_help = "zoo name (demo-cnn, alexnet, vgg16, resnet18, mobilenetv2), an .onnx file, or module:attr of a PyTorch model"
@@ -89,14 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tune", help="tune every operator of a model, then compile, check and time it")
     model_args(t, default="demo-cnn")
-    t.add_argument("--trials", type=int, default=256, help="measurement budget for the whole model (default 256)")
-    t.add_argument("--strategy", default="chameleon", choices=sorted(STRATEGIES), help="search strategy per task")
-    t.add_argument("--work-dir", default=None, help="tuning log (default: runs/<model>-<strategy>-<time>)")
-    t.add_argument("--resume", action="store_true", help="continue the records in --work-dir")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--batch-size", type=int, default=None, help="trials per task per round")
-    t.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per build and per run")
-    _rpc_args(t)
+    _tuning_args(t, 256, "model")
     c = sub.add_parser("compile", help="build a model with a tuning log into a shared library")
     model_args(c)
     c.add_argument("--db", required=True, help="work dir of `adaptune tune`")
@@ -140,7 +154,6 @@ def cmd_tune_op(args) -> int:
     from rich.table import Table
 
     from .database import WorkDirError, check_work_dir
-    from .measure import RPCError
     from .target import TargetError, parse_target
     from .tuner import tune_tir
     from .workloads import DEFAULT_WORKLOAD, WorkloadError, get_workload
@@ -173,18 +186,13 @@ def cmd_tune_op(args) -> int:
             gf = f"best {best * 1e3:.3f} ms ({workload.flops / best / 1e9:.1f} GFLOPS)" if best else "best: -"
             progress.update(task, completed=done, best=gf)
 
-        try:
-            result = tune_tir(workload.mod(), target, strategy=args.strategy, trials=args.trials,
-                              work_dir=work_dir, resume=args.resume, seed=args.seed, batch_size=args.batch_size,
-                              measurer=measurer, on_progress=on_progress, label=workload.label)
-        except WorkDirError as e:
-            return _fail(str(e))
-        except KeyboardInterrupt:
-            console.print(f"[yellow]interrupted[/]: measured records are saved in {work_dir}; "
-                          f"continue with --work-dir {work_dir} --resume")
-            return 130
-        except (OSError, RPCError) as e:
-            return _fail(stopped_message(e, work_dir), 1)
+        result, code = run_guarded(console, work_dir, f"adaptune tune-op {workload.label} --work-dir {work_dir} --resume",
+                                   lambda: tune_tir(workload.mod(), target, strategy=args.strategy, trials=args.trials,
+                                                    work_dir=work_dir, resume=args.resume, seed=args.seed,
+                                                    batch_size=args.batch_size, measurer=measurer,
+                                                    on_progress=on_progress, label=workload.label))
+        if result is None:
+            return code
     table = Table(title=f"{workload.label} with {args.strategy}", show_header=False)
     table.add_row("work dir", str(work_dir))
     table.add_row("trials measured", f"{result.trials} ({result.new_trials} in this run)")

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import UsageError, _fail, _progress, make_measurer, stopped_message
+from .cli import UsageError, _fail, _progress, make_measurer, run_guarded
 
 
 class _Bad(Exception):
@@ -77,7 +77,6 @@ def cmd_tune(args) -> int:
     from . import compile as C
     from .compile import NumericsError
     from .database import WorkDirError
-    from .measure import RPCError
     from .scheduler import MODEL_META, check_model_work_dir, tune_model
 
     try:
@@ -104,19 +103,13 @@ def cmd_tune(args) -> int:
         def on_progress(done, total, task, est):
             progress.update(bar, completed=done, description=f"tuning {task[:28]}",
                             best=f"model kernels ~{est * 1e3:.3f} ms")
-        try:
-            result = tune_model(model, target, trials=args.trials, strategy=args.strategy, work_dir=work_dir,
-                                resume=args.resume, seed=args.seed, batch_size=args.batch_size,
-                                measurer=measurer, on_progress=on_progress,
-                                on_stage=on_stage)
-        except WorkDirError as e:
-            return _fail(str(e))
-        except KeyboardInterrupt:
-            console.print(f"[yellow]interrupted[/]: measured records are saved in {work_dir}; "
-                          f"continue with: adaptune tune {args.model} --work-dir {work_dir} --resume")
-            return 130
-        except (OSError, RPCError) as e:
-            return _fail(stopped_message(e, work_dir), 1)
+        result, code = run_guarded(console, work_dir, f"adaptune tune {args.model} --work-dir {work_dir} --resume",
+                                   lambda: tune_model(model, target, trials=args.trials, strategy=args.strategy,
+                                                      work_dir=work_dir, resume=args.resume, seed=args.seed,
+                                                      batch_size=args.batch_size, measurer=measurer,
+                                                      on_progress=on_progress, on_stage=on_stage))
+        if result is None:
+            return code
     p = result.passes
     console.print(f"graph: {p['ops_before']} ops -> {p['ops_after']} after folding "
                   f"({', '.join(f'{k} {v}' for k, v in p['before'].items() if k not in p['after'])} removed) "
