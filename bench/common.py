@@ -3,6 +3,7 @@ builder/runner settings for all, every best kernel checked against numpy before 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -36,6 +37,12 @@ class Run:
 
     def time_to(self, latency: float) -> float | None:
         return next((s for _, s, b in self.curve if b is not None and b <= latency * (1 + 1e-9)), None)
+
+
+def geomean(xs):
+    """Geometric mean of the positive finite values (nan if none)."""
+    xs = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout=30.0) -> Run:

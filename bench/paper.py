@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from pathlib import Path
 
@@ -27,17 +26,12 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from common import run_adaptune, run_ms_evolutionary  # noqa: E402
+from common import geomean, run_adaptune, run_ms_evolutionary  # noqa: E402
 
 from adaptune.target import host_target  # noqa: E402
 from adaptune.workloads import get_workload  # noqa: E402
 
 STRATEGIES = ["sa", "rl", "sa+as", "rl+as", "random"]
-
-
-def geomean(xs):
-    xs = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def plot(layer, wl, runs, out: Path):

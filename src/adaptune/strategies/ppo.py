@@ -4,6 +4,8 @@ Read top to bottom like a CleanRL script: network, rollout, reward, GAE, clipped
 Hand-written rather than taken from torchrl: the rollout is a batch of episodes stepped together
 on integer knob vectors with the reward computed afterwards from the cost model, which does not
 fit torchrl's environment/collector shape, and GAE plus the clipped loss are a dozen lines here.
+(``gae`` and ``ppo_update`` are module functions: Woodpecker's measurement-driven agent in
+``rl_direct.py`` trains with them too.)
 
 * observation: the config, each knob scaled to [0, 1];
 * action: for every knob one of {decrement, stay, increment} (a factorised categorical);
@@ -37,6 +39,45 @@ class ActorCritic(nn.Module):
         h = self.shared(obs)
         logits = self.policy(h).view(*obs.shape[:-1], self.n_knobs, 3)
         return torch.distributions.Categorical(logits=logits), self.value(h).squeeze(-1)
+
+
+def gae(rewards, values, alive, gamma: float, lam: float):
+    """Generalised advantage estimation over time for (T, E) tensors; ``alive[t]`` marks the
+    steps that belong to the episode, whose last live step bootstraps 0.  Returns (adv, returns)."""
+    T = len(rewards)
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros(rewards.shape[1])
+    for t in reversed(range(T)):
+        nonterminal = alive[t + 1].float() if t + 1 < T else torch.zeros(rewards.shape[1])
+        next_value = values[t + 1] if t + 1 < T else torch.zeros(rewards.shape[1])
+        delta = rewards[t] + gamma * next_value * nonterminal - values[t]
+        last = delta + gamma * lam * nonterminal * last
+        adv[t] = last
+    return adv, adv + values
+
+
+def ppo_update(net, opt, evaluate, old_logp, adv, ret, *, epochs: int, minibatch: int, clip: float,
+               vf_coef: float, ent_coef: float, gen: torch.Generator) -> None:
+    """The clipped-surrogate PPO step over a batch of transitions, in shuffled minibatches.
+
+    ``evaluate(idx)`` re-runs the network on transitions ``idx`` and returns their (log
+    probability of the action taken, entropy, value) under the current weights."""
+    n = len(old_logp)
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        for start in range(0, n, minibatch):
+            idx = perm[start:start + minibatch]
+            logp, entropy, value = evaluate(idx)
+            ratio = torch.exp(logp - old_logp[idx])
+            a = adv[idx]
+            a = (a - a.mean()) / (a.std() + 1e-8)
+            pg_loss = torch.max(-a * ratio, -a * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+            v_loss = 0.5 * ((value - ret[idx]) ** 2).mean()
+            loss = pg_loss + vf_coef * v_loss - ent_coef * entropy.mean()
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+            opt.step()
 
 
 class PPOAgent:
@@ -78,19 +119,6 @@ class PPOAgent:
         stack = torch.stack
         return stack(obs_l), stack(act_l), stack(logp_l), stack(val_l), stack(next_l), stack(alive_l)
 
-    def _gae(self, rewards, values, alive):
-        """Generalised advantage estimation over time; an episode's last live step bootstraps 0."""
-        T = len(rewards)
-        adv = torch.zeros_like(rewards)
-        last = torch.zeros(rewards.shape[1])
-        for t in reversed(range(T)):
-            nonterminal = alive[t + 1].float() if t + 1 < T else torch.zeros(rewards.shape[1])
-            next_value = values[t + 1] if t + 1 < T else torch.zeros(rewards.shape[1])
-            delta = rewards[t] + self.gamma * next_value * nonterminal - values[t]
-            last = delta + self.gamma * self.lam * nonterminal * last
-            adv[t] = last
-        return adv, adv + values
-
     def explore(self, init_configs: np.ndarray, reward_fn, *, max_steps: int = 500) -> np.ndarray:
         """Run one batch of episodes from ``init_configs``, learn from it, return every distinct
         config reached (the candidate set S_Θ)."""
@@ -107,23 +135,12 @@ class PPOAgent:
         self.converge_step = int((best_so_far < best_so_far[-1]).sum()) + 1   # step the best stopped improving
         rewards = torch.zeros(T, E)
         rewards[alive] = (raw - raw.mean()) / (raw.std() + 1e-8)
-        adv, ret = self._gae(rewards, val, alive)
+        adv, ret = gae(rewards, val, alive, self.gamma, self.lam)
         b_obs, b_act, b_logp, b_adv, b_ret = obs[alive], act[alive], logp[alive], adv[alive], ret[alive]
-        n = len(b_obs)
-        for _ in range(self.epochs):
-            perm = torch.randperm(n, generator=self.gen)
-            for start in range(0, n, self.minibatch):
-                idx = perm[start:start + self.minibatch]
-                dist, value = self.net(b_obs[idx])
-                ratio = torch.exp(dist.log_prob(b_act[idx]).sum(-1) - b_logp[idx])
-                a = b_adv[idx]
-                a = (a - a.mean()) / (a.std() + 1e-8)
-                pg_loss = torch.max(-a * ratio, -a * torch.clamp(ratio, 1 - self.clip, 1 + self.clip)).mean()
-                v_loss = 0.5 * ((value - b_ret[idx]) ** 2).mean()
-                entropy = dist.entropy().sum(-1).mean()
-                loss = pg_loss + self.vf_coef * v_loss - self.ent_coef * entropy
-                self.opt.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(self.net.parameters(), 0.5)
-                self.opt.step()
+
+        def evaluate(idx):
+            dist, value = self.net(b_obs[idx])
+            return dist.log_prob(b_act[idx]).sum(-1), dist.entropy().sum(-1), value
+        ppo_update(self.net, self.opt, evaluate, b_logp, b_adv, b_ret, epochs=self.epochs, minibatch=self.minibatch,
+                   clip=self.clip, vf_coef=self.vf_coef, ent_coef=self.ent_coef, gen=self.gen)
         return np.unique(torch.cat([init, reached]).numpy(), axis=0)
