@@ -2,7 +2,14 @@
 
 Heavy modules load on first use, so builder workers that unpickle ``adaptune._build`` stay fast.
 """
+import os
 from importlib import import_module
+
+# A compiled model that calls PyTorch kernels (library choice) alternates PyTorch's OpenMP threads
+# and TVM's thread pool on the same cores; with libgomp's default spin-waiting each side's idle
+# threads starve the other (ResNet-18 measured 5x slower).  Must be set before torch loads libgomp.
+OMP_POLICY_SET_HERE = "OMP_WAIT_POLICY" not in os.environ
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--input-shape", default=None, help="input shape, e.g. 1,3,224,224 (for ONNX files "
                        "with dynamic dims and PyTorch models without example_input_shape)")
         q.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), or a JSON dict')
+        q.add_argument("--no-library", action="store_true",
+                       help="all generated kernels: run no conv/matmul with PyTorch's kernel "
+                            "(default: per operator, whichever of the two measures faster)")
 
     t = sub.add_parser("tune", help="tune every operator of a model, then compile, check and time it")
     model_args(t, default="demo-cnn")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from .cli import UsageError, _fail, _progress, make_measurer, run_guarded
+from .library import chosen
 
 
 class _Bad(Exception):
@@ -60,14 +61,37 @@ def _ms(sec) -> str:
     return "-" if sec is None else f"{sec * 1e3:.3f} ms"
 
 
-def _compile_checked(model, target, db=None):
-    """Build (tuned when ``db`` is given), check against the reference; returns (executable, error)."""
+def _compile_checked(model, target, db=None, library=()):
+    """Build (tuned when ``db`` is given, with ``library`` ops on PyTorch), check against the
+    reference; returns (executable, error)."""
     from . import compile as C
-    with _spinner(f"compiling {'tuned' if db is not None else 'untuned'} {model.name}"):
-        ex = C.build_tuned(model, db, target) if db is not None else C.build_untuned(model, target)
+    what = "untuned" if db is None else "tuned + library" if library else "tuned"
+    with _spinner(f"compiling {what} {model.name}"):
+        ex = C.build_tuned(model, db, target, library) if db is not None else C.build_untuned(model, target)
     with _spinner("checking numerics against the reference"):
         err = C.check(ex, model)
     return ex, err
+
+
+def _library_plan(args, model, target, db) -> list:
+    """Woodpecker's per-operator choice (empty with --no-library), shown as a table."""
+    if args.no_library:
+        return []
+    from rich.console import Console
+    from rich.table import Table
+
+    from .library import plan_model
+    with _spinner("timing PyTorch's conv/matmul kernels against the tuned ones"):
+        choices = plan_model(model, db, target)
+    if choices:
+        table = Table(title="per-operator choice: PyTorch's kernel or ours (--no-library: ours everywhere)")
+        for col in ("operator", "calls", "PyTorch", "tuned (fused)", "uses"):
+            table.add_column(col, justify="left" if col in ("operator", "uses") else "right")
+        for c in choices:
+            table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.generated_s),
+                          "PyTorch" if c.use_library else "generated")
+        Console().print(table)
+    return choices
 
 
 def cmd_tune(args) -> int:
@@ -129,18 +153,26 @@ def cmd_tune(args) -> int:
         db = C.open_database(work_dir)
         ex0, _ = _compile_checked(model, target)
         ex1, err = _compile_checked(model, target, db)
+        choices = _library_plan(args, model, target, db)
+        lib_ops = chosen(choices)
+        ex2, err2 = _compile_checked(model, target, db, lib_ops) if lib_ops else (None, None)
     except NumericsError as e:
         return _fail(f"tuned model fails the numerical check: {e}", 1)
     x = model.example_inputs()
     with _spinner("timing untuned and tuned models"):
         t0, t1 = C.time_vm(ex0, x), C.time_vm(ex1, x)
+        t2 = C.time_vm(ex2, x) if ex2 is not None else None
     meta_path = work_dir / MODEL_META
     meta = json.loads(meta_path.read_text())
-    meta["compiled"] = {"untuned_s": t0, "tuned_s": t1, "max_rel_error": err}
+    meta["compiled"] = {"untuned_s": t0, "tuned_s": t1, "max_rel_error": err, "with_library_s": t2}
+    meta["library"] = [c.as_dict() for c in choices]
     meta_path.write_text(json.dumps(meta, indent=1))
     console.print(f"numerics vs {'PyTorch' if model.torch_module is not None else 'reference'}: PASS "
-                  f"(max error {err:.1e} of output scale)")
+                  f"(max error {max(err, err2 or 0):.1e} of output scale)")
     console.print(f"[bold]{model.name}: untuned TVM {_ms(t0)}  ->  tuned {_ms(t1)}   speedup {t0 / t1:.1f}x[/]")
+    if t2 is not None:
+        console.print(f"[bold]with PyTorch's kernel for {len(lib_ops)} of {len(choices)} conv/matmul signatures: "
+                      f"{_ms(t2)}   speedup {t0 / t2:.1f}x[/]")
     console.print(f"next: adaptune bench {args.model} --db {work_dir}   |   adaptune report {work_dir}")
     return 0
 
@@ -154,14 +186,16 @@ def cmd_compile(args) -> int:
         if not out.parent.is_dir():
             raise _Bad(f"output folder {out.parent} does not exist")
         db = C.open_database(args.db)
-        ex, err = _compile_checked(model, target, db)
+        lib_ops = chosen(_library_plan(args, model, target, db))
+        ex, err = _compile_checked(model, target, db, lib_ops)
     except (_Bad, FileNotFoundError) as e:
         return _fail(str(e))
     except NumericsError as e:
         return _fail(f"compiled model fails the numerical check, nothing written: {e}", 1)
     C.export(ex, out)
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); numerics PASS (max error {err:.1e}). "
-          "Load with tvm.relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())")
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); numerics PASS (max error {err:.1e}); "
+          f"{len(lib_ops)} conv/matmul signatures on PyTorch's kernel. Load with "
+          "tvm.relax.VirtualMachine(adaptune.compile.load(path), tvm.cpu())")
     return 0
 
 
@@ -187,6 +221,14 @@ def cmd_bench(args) -> int:
             ex1, e1 = _compile_checked(model, target, db)
             with _spinner("timing tuned TVM"):
                 rows.append(("TVM tuned (adaptune)", C.time_vm(ex1, x), f"max err {e1:.1e}"))
+            choices = _library_plan(args, model, target, db)
+            if choices:
+                lib_ops = chosen(choices)
+                ex2, e2 = _compile_checked(model, target, db, lib_ops)
+                with _spinner("timing tuned TVM with library choice"):
+                    rows.append(("TVM tuned + library choice", C.time_vm(ex2, x),
+                                 f"max err {e2:.1e}; {len(lib_ops)}/{len(choices)} on PyTorch"))
+                _save_library(args.db, choices)
     except NumericsError as e:
         return _fail(f"numerical check failed: {e}", 1)
     if model.torch_module is not None:
@@ -224,6 +266,18 @@ def cmd_bench(args) -> int:
         table.add_row(name, _ms(sec), f"{base / sec:.2f}x" if sec else "-", note)
     Console().print(table)
     return 0
+
+
+def _save_library(work_dir, choices) -> None:
+    """Keep the per-operator choice in the work dir's model.json for ``report``."""
+    from .scheduler import MODEL_META
+    path = Path(work_dir) / MODEL_META
+    if path.is_file():
+        meta = json.loads(path.read_text())
+        meta["library"] = [c.as_dict() for c in choices]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=1))
+        tmp.replace(path)
 
 
 def cmd_report(args) -> int:

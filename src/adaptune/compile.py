@@ -37,10 +37,23 @@ def build_untuned(model, target=None):
     return tvm.compile(fuse(optimise(model.mod), target), target=target)
 
 
-def build_tuned(model, database, target=None):
-    """Apply the best record of every task from ``database`` and build."""
+def lower_tuned(model, database, target, library=()) -> "tvm.IRModule":
+    """The model's module with the best record of every task from ``database`` applied.
+
+    ``library``: operator signatures (``library.LibraryOp``) to run with PyTorch's kernel instead
+    of the generated one (Woodpecker's per-operator choice; see ``library.plan``)."""
+    mod = optimise(model.mod)
+    if library:
+        from .library import offload, schedule_epilogues
+        mod = offload(mod, library)
+    mod = apply_database(fuse(mod, target), database, target)
+    return schedule_epilogues(mod) if library else mod
+
+
+def build_tuned(model, database, target=None, library=()):
+    """``lower_tuned``, built."""
     target = parse_target(target)
-    return tvm.compile(apply_database(fuse(optimise(model.mod), target), database, target), target=target)
+    return tvm.compile(lower_tuned(model, database, target, library), target=target)
 
 
 def export(executable, path) -> Path:
@@ -56,6 +69,7 @@ def export(executable, path) -> Path:
 
 
 def load(path):
+    from . import library  # noqa: F401  (registers the PyTorch kernels a compiled model may call)
     return tvm.runtime.load_module(str(path))
 
 

@@ -138,6 +138,19 @@ def _x(ratio) -> str:
     return "-" if ratio is None else f"{ratio:.1f}x"
 
 
+def _library_table(choices) -> str:
+    """The per-operator library choice (written by ``tune``/``bench``) as an HTML section."""
+    if not choices:
+        return ""
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{esc(c['op'])}</td><td>{c['calls']}</td><td>{c['library_ms']:.3f}</td>"
+        f"<td>{'-' if c['generated_ms'] is None else format(c['generated_ms'], '.3f')}</td>"
+        f"<td>{esc(c['choice'])}</td></tr>" for c in choices)
+    return ("<h2>Per-operator choice: PyTorch's kernel or ours</h2><table><tr><th>operator</th><th>calls</th>"
+            f"<th>PyTorch ms</th><th>tuned (fused) ms</th><th>uses</th></tr>{rows}</table>")
+
+
 def write_report(work_dir, out_dir=None) -> Path:
     """Write the PNGs and ``index.html`` to ``out_dir`` (default ``WORK_DIR/report``); returns the page."""
     meta, records = load_run(work_dir)
@@ -160,6 +173,10 @@ def write_report(work_dir, out_dir=None) -> Path:
         summary.append(("compiled model, untuned -> tuned (checked numerically)",
                         f"{_ms(comp['untuned_s'])} ms -> {_ms(comp['tuned_s'])} ms "
                         f"({comp['untuned_s'] / comp['tuned_s']:.1f}x; max error {comp['max_rel_error']:.1e})"))
+        if comp.get("with_library_s"):
+            summary.append(("compiled model with the per-operator library choice",
+                            f"{_ms(comp['with_library_s'])} ms ({comp['untuned_s'] / comp['with_library_s']:.1f}x)"))
+    library_html = _library_table(meta.get("library") or [])
     p = meta.get("passes", {})
     ops = sorted(set(p.get("before", {})) | set(p.get("after", {})))
     task_rows = "".join(
@@ -181,6 +198,7 @@ after folding → {p.get('kernel_calls', '?')} fused kernel calls in {p.get('tas
 <table><tr><th>operator</th><th>before</th><th>after</th></tr>
 {''.join(f"<tr><td>{esc(o)}</td><td>{p['before'].get(o, 0)}</td><td>{p['after'].get(o, 0)}</td></tr>" for o in ops)}
 </table>
+{library_html}
 <h2>Whole model</h2><img src="model_convergence.png" alt="model convergence">
 <h2>Tasks</h2>
 <table><tr><th>task</th><th>weight</th><th>MFLOP</th><th>trials</th><th>failed</th><th>untuned ms</th>
