@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("work_dir")
     r.add_argument("-o", "--output", default=None, help="folder for the report (default: WORK_DIR/report)")
     sub.add_parser("models", help="list the built-in models")
+    from . import cli_looptune
+    cli_looptune.add_parser(sub)
     return p
 
 
@@ -233,10 +235,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="adaptune: %(levelname)s: %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
-    from . import cli_models
+    from . import cli_looptune, cli_models
     commands = {"tune-op": cmd_tune_op, "workloads": cmd_workloads, "tune": cli_models.cmd_tune,
                 "compile": cli_models.cmd_compile, "bench": cli_models.cmd_bench, "report": cli_models.cmd_report,
-                "models": cli_models.cmd_models}
+                "models": cli_models.cmd_models, "looptune": cli_looptune.cmd_looptune}
     return commands[args.command](args)
 
 

@@ -1,0 +1,79 @@
+"""LoopTune's evaluation (Figs. 8-10) on held-out matmuls of the paper's set (64..256, step 16).
+
+For each matmul: the untuned nest, each classic search with its time limit, numpy's BLAS, and
+TVM MetaSchedule's stock evolutionary search with a small trial budget.  Every nest a search
+reports was checked against numpy when it was built.  Prints, per method, the median and the
+25-75 % spread of the speedup over the untuned nest, median GFLOPS, median seconds to schedule,
+and the median ratio to numpy.  The paper's setting is ``--count 50 --time-limit 60`` (about six
+hours here on 2 cores); the defaults are a smaller sample.
+
+    python bench/looptune.py                              # 5 matmuls, 10 s per search
+    python bench/looptune.py --count 50 --time-limit 60   # the paper's setting
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import run_ms_evolutionary  # noqa: E402
+
+from adaptune.looptune.dataset import split  # noqa: E402
+from adaptune.looptune.evaluate import Evaluator, numpy_gflops  # noqa: E402
+from adaptune.looptune.nest import LoopNest  # noqa: E402
+from adaptune.looptune.search import SEARCHES  # noqa: E402
+from adaptune.target import host_target  # noqa: E402
+from adaptune.workloads import get_workload  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--count", type=int, default=5, help="held-out matmuls to run (of 50)")
+    ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per search and matmul")
+    ap.add_argument("--searches", default=",".join(SEARCHES))
+    ap.add_argument("--ms-trials", type=int, default=16, help="TVM evolutionary trials per matmul (0: skip)")
+    ap.add_argument("--out", default="bench/out/looptune")
+    args = ap.parse_args(argv)
+    target, out = host_target(), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _, test = split()
+    rows = []      # (matmul, method, gflops, seconds)
+    for con in test[:args.count]:
+        ev = Evaluator(con, target)
+        start = LoopNest.initial(con)
+        base = ev(start)
+        rows += [(con.name, "untuned", base, 0.0), (con.name, "numpy", numpy_gflops(con), 0.0)]
+        line = [f"{con.name}: untuned {base:.2f} GF, numpy {rows[-1][2]:.1f} GF"]
+        for name in args.searches.split(","):
+            ev.cache.clear()       # each search pays for its own evaluations
+            res = SEARCHES[name](start, ev, time_limit=args.time_limit)
+            rows.append((con.name, name, res.gflops, res.seconds))
+            line.append(f"{name} {res.gflops:.1f}")
+        if args.ms_trials:
+            (_, m), (_, n), (_, k) = con.sizes
+            run = run_ms_evolutionary(get_workload(f"matmul:{m},{n},{k}"), target, args.ms_trials, 8, out)
+            if not run.numerics_ok:
+                raise SystemExit(f"{con.name}: TVM's kernel failed the numerical check")
+            rows.append((con.name, f"tvm-evolutionary-{args.ms_trials}", con.flops / run.best / 1e9, run.wall))
+            line.append(f"tvm {rows[-1][2]:.1f}")
+        print(", ".join(line), flush=True)
+    (out / "results.json").write_text(json.dumps(rows))
+    base = {c: g for c, m, g, _ in rows if m == "untuned"}
+    npy = {c: g for c, m, g, _ in rows if m == "numpy"}
+    print(f"\n{len(base)} held-out matmuls, target {target}, time limit {args.time_limit:g} s per search")
+    print(f"{'method':24s} {'speedup median':>14s} {'p25-p75':>13s} {'GFLOPS med':>10s} {'s to schedule':>13s} {'/numpy':>7s}")
+    for method in dict.fromkeys(m for _, m, _, _ in rows):
+        sel = [(c, g, s) for c, m, g, s in rows if m == method]
+        sp = np.array([g / base[c] for c, g, _ in sel])
+        print(f"{method:24s} {np.median(sp):13.2f}x {np.percentile(sp, 25):6.2f}-{np.percentile(sp, 75):5.2f}x "
+              f"{np.median([g for _, g, _ in sel]):10.2f} {np.median([s for *_, s in sel]):13.2f} "
+              f"{np.median([g / npy[c] for c, g, _ in sel]):6.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

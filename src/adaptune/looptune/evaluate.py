@@ -1,0 +1,103 @@
+"""Compile and time loop nests in process (LoopTune §3.2), with the paper's evaluation cache.
+
+A nest is built with TVM for the host CPU, checked against numpy, warmed up, then timed several
+times for at least a few milliseconds each; the fastest run counts.  Identical nests (same
+``LoopNest.key``) are built once.  The empirical peak that normalises rewards is numpy's BLAS on a
+large matmul, measured once per process: the paper measures its peak rather than trusting specs.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import numpy as np
+
+from .nest import Contraction, LoopNest
+
+log = logging.getLogger(__name__)
+
+
+class NestError(RuntimeError):
+    """Generated code that failed to build or computed a wrong result."""
+
+
+class Evaluator:
+    """GFLOPS of loop nests of one contraction, cached by what the nest computes."""
+
+    def __init__(self, contraction: Contraction, target=None, *, warmup: int = 3, repeat: int = 5,
+                 min_repeat_ms: int = 2, seed: int = 0):
+        from .._tvm import tvm
+        from ..target import host_target
+        self.contraction = contraction
+        self.target = target if target is not None else host_target()
+        self.dev = tvm.cpu()
+        self.warmup, self.repeat, self.min_repeat_ms = warmup, repeat, min_repeat_ms
+        inputs = contraction.random_inputs(np.random.default_rng(seed))
+        self.expected = contraction.reference(inputs)
+        self.args = [tvm.runtime.tensor(a, self.dev) for a in inputs]
+        self.args.append(tvm.runtime.empty(self.expected.shape, "float32", self.dev))
+        self.cache: dict[tuple, float] = {}
+        self.build_seconds = 0.0
+
+    def __call__(self, nest: LoopNest) -> float:
+        """GFLOPS of ``nest`` (0.0 for a nest TVM cannot build, logged)."""
+        if nest.key not in self.cache:
+            try:
+                self.cache[nest.key] = self.contraction.flops / self.seconds(nest) / 1e9
+            except NestError as e:
+                log.warning("%s", e)
+                self.cache[nest.key] = 0.0
+        return self.cache[nest.key]
+
+    def seconds(self, nest: LoopNest) -> float:
+        """Build, check and time ``nest`` (not cached)."""
+        from .._tvm import tvm
+        t0 = time.perf_counter()
+        try:
+            ex = tvm.compile(nest.schedule().mod, self.target)
+        except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the search goes on
+            raise NestError(f"nest did not build: {str(e).splitlines()[-1][:200]}") from e
+        finally:
+            self.build_seconds += time.perf_counter() - t0
+        fn = ex["main"]
+        self.args[-1].copyfrom(np.zeros(self.expected.shape, np.float32))
+        for _ in range(self.warmup):
+            fn(*self.args)
+        got = self.args[-1].numpy()
+        scale = max(1.0, float(np.abs(self.expected).max()))
+        if not np.allclose(got, self.expected, rtol=1e-3, atol=1e-3 * scale):
+            raise NestError(f"nest computed a wrong result (max error {np.abs(got - self.expected).max():.3g})")
+        timer = ex.mod.time_evaluator("main", self.dev, number=1, repeat=self.repeat,
+                                      min_repeat_ms=self.min_repeat_ms)
+        return min(timer(*self.args).results)
+
+    @property
+    def evaluations(self) -> int:
+        return len(self.cache)
+
+
+@functools.lru_cache(maxsize=1)
+def peak_gflops(n: int = 512, runs: int = 5) -> float:
+    """The machine's empirical fp32 peak: the best of numpy's BLAS on an n×n×n matmul."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(runs))
+    return 2 * n ** 3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def numpy_gflops(contraction: Contraction, runs: int = 20) -> float:
+    """numpy's GFLOPS on the same contraction (the paper's NumPy/MKL comparison; matmul only)."""
+    if contraction.kind != "matmul":
+        raise ValueError("numpy baseline is for matmul")
+    a, b = contraction.random_inputs(np.random.default_rng(0))
+    for _ in range(3):
+        a @ b
+    return contraction.flops / min(_timed(lambda: a @ b) for _ in range(runs)) / 1e9

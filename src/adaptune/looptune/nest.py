@@ -1,0 +1,264 @@
+"""LoopTune's loop nest (§3.1, §3.3): a tensor contraction as an ordered list of loops and a cursor.
+
+The agent sees only this: loops, each iterating one dimension of the contraction, in nest order,
+with the agent's cursor on one of them.  Actions move the cursor (up, down), swap the loop under
+it with a neighbour (swap_up, swap_down), or split it (split_2 .. split_64): the loop keeps the
+outer part and a new loop of the split size goes directly under it.  A split that does not divide
+the loop leaves a tail, as in LoopTool; TVM runs the same nest with a predicate on the last chunk
+(``LoopNest.schedule``), which is what the ``tail`` feature records.
+
+A nest is immutable (actions return a new one), hashable by what it computes (``key``, without
+the cursor), and turns into a TVM schedule.  Kept free of timing so tests and searches can reason
+about it cheaply.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import numpy as np
+
+ACTIONS = ("up", "down", "swap_up", "swap_down",
+           "split_2", "split_4", "split_8", "split_16", "split_32", "split_64")
+MAX_LOOPS = 10           # compute-nest loops; a split past this is a no-op
+HIST_BINS = 16           # stride histogram bins 2^0 .. 2^15 (the last also takes larger strides)
+FEATURES = 4 + HIST_BINS  # cursor, size, tail, write-nest flag, histogram (§3.3: 20 per loop)
+MAX_ROWS = 2 * MAX_LOOPS  # compute nest plus write nest
+
+
+@dataclass(frozen=True)
+class Access:
+    """One tensor access in the nest body: per tensor axis, the coefficient of each dimension."""
+
+    tensor: str
+    shape: tuple[int, ...]
+    index: tuple[tuple[tuple[str, int], ...], ...]
+
+    def stride(self, dim: str) -> int:
+        """Elements skipped in memory when ``dim``'s index grows by one (row-major)."""
+        total = 0
+        for axis, terms in enumerate(self.index):
+            coef = dict(terms).get(dim, 0)
+            total += coef * math.prod(self.shape[axis + 1:])
+        return total
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """A tensor contraction: its dimensions (output ones first, as TE orders the block's loops),
+    which of them are reductions, the accesses of its body and its output."""
+
+    kind: str
+    sizes: tuple[tuple[str, int], ...]
+    reduce: tuple[str, ...]
+    reads: tuple[Access, ...]
+    write: Access
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return tuple(d for d, _ in self.sizes)
+
+    def size(self, dim: str) -> int:
+        return dict(self.sizes)[dim]
+
+    @property
+    def flops(self) -> int:
+        return 2 * math.prod(n for _, n in self.sizes)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_" + "x".join(str(n) for _, n in self.sizes)
+
+    def te_func(self):
+        """The contraction as a TE PrimFunc module (TVM generates code from it)."""
+        from .._tvm import tvm
+        from tvm import te
+        if self.kind == "matmul":
+            (_, m), (_, n), (_, k) = self.sizes
+            a = te.placeholder((m, k), name="A")
+            b = te.placeholder((k, n), name="B")
+            rk = te.reduce_axis((0, k), name="k")
+            c = te.compute((m, n), lambda i, j: te.sum(a[i, rk] * b[rk, j], axis=rk), name="C")
+            return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+        f, y, x, c, r, s = (n for _, n in self.sizes)
+        data = te.placeholder((c, y + r - 1, x + s - 1), name="I")
+        w = te.placeholder((f, c, r, s), name="W")
+        rc, rr, rs = (te.reduce_axis((0, n), name=d) for d, n in (("c", c), ("r", r), ("s", s)))
+        out = te.compute((f, y, x), lambda ff, yy, xx: te.sum(
+            data[rc, yy + rr, xx + rs] * w[ff, rc, rr, rs], axis=[rc, rr, rs]), name="C")
+        return tvm.IRModule({"main": te.create_prim_func([data, w, out])})
+
+    def random_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
+        return [rng.standard_normal(a.shape, dtype=np.float32) for a in self.reads]
+
+    def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
+        """numpy's answer, to check generated code against."""
+        if self.kind == "matmul":
+            return inputs[0] @ inputs[1]
+        data, w = inputs
+        _, r, s = w.shape[1:]
+        win = np.lib.stride_tricks.sliding_window_view(data, (r, s), axis=(1, 2))  # c, y, x, r, s
+        return np.einsum("cyxrs,fcrs->fyx", win, w, optimize=True).astype(np.float32)
+
+
+def matmul(m: int, n: int, k: int) -> Contraction:
+    """C[i, j] += A[i, k] * B[k, j]: the paper's benchmark contraction."""
+    return Contraction(
+        "matmul", (("i", m), ("j", n), ("k", k)), ("k",),
+        reads=(Access("A", (m, k), ((("i", 1),), (("k", 1),))),
+               Access("B", (k, n), ((("k", 1),), (("j", 1),)))),
+        write=Access("C", (m, n), ((("i", 1),), (("j", 1),))))
+
+
+def conv2d(c: int, h: int, w: int, f: int, r: int = 3, s: int = 3) -> Contraction:
+    """Direct convolution, batch 1, stride 1, on an already padded C×H×W input:
+    O[f, y, x] += I[c, y + r, x + s] * W[f, c, r, s] (the second kind of contraction)."""
+    y, x = h - r + 1, w - s + 1
+    if y < 1 or x < 1:
+        raise ValueError(f"kernel {r}x{s} is larger than the input {h}x{w}")
+    return Contraction(
+        "conv2d", (("f", f), ("y", y), ("x", x), ("c", c), ("r", r), ("s", s)), ("c", "r", "s"),
+        reads=(Access("I", (c, h, w), ((("c", 1),), (("y", 1), ("r", 1)), (("x", 1), ("s", 1)))),
+               Access("W", (f, c, r, s), ((("f", 1),), (("c", 1),), (("r", 1),), (("s", 1),)))),
+        write=Access("C", (f, y, x), ((("f", 1),), (("y", 1),), (("x", 1),))))
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One loop: the dimension it iterates, its trip count, the remainder its split left, and its
+    place in that dimension's split chain (``chain``: outer splits sort first)."""
+
+    dim: str
+    extent: int
+    tail: int = 0
+    chain: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoopNest:
+    contraction: Contraction
+    loops: tuple[Loop, ...]
+    cursor: int = 0
+
+    @classmethod
+    def initial(cls, contraction: Contraction) -> "LoopNest":
+        """The untiled nest, dimensions in their natural order, cursor on the outermost loop."""
+        return cls(contraction, tuple(Loop(d, n) for d, n in contraction.sizes))
+
+    # ---- actions (§3.1) -------------------------------------------------------------------
+    def apply(self, action: int | str) -> "LoopNest":
+        """The nest after one action; an action that cannot apply here leaves the nest as it is."""
+        name = ACTIONS[action] if isinstance(action, (int, np.integer)) else action
+        c, loops = self.cursor, list(self.loops)
+        if name == "up":
+            return replace(self, cursor=max(0, c - 1))
+        if name == "down":
+            return replace(self, cursor=min(len(loops) - 1, c + 1))
+        if name in ("swap_up", "swap_down"):
+            other = c - 1 if name == "swap_up" else c + 1
+            if not 0 <= other < len(loops):
+                return self
+            loops[c], loops[other] = loops[other], loops[c]
+            return replace(self, loops=tuple(loops), cursor=other)
+        if not name.startswith("split_"):
+            raise ValueError(f"unknown action {action!r}")
+        factor, loop = int(name[len("split_"):]), loops[c]
+        if factor >= loop.extent or len(loops) >= MAX_LOOPS:
+            return self
+        outer = Loop(loop.dim, -(-loop.extent // factor), loop.extent % factor, loop.chain + (0,))
+        inner = Loop(loop.dim, factor, 0, loop.chain + (1,))
+        loops[c:c + 1] = [outer, inner]
+        return replace(self, loops=tuple(loops))
+
+    # ---- what the nest computes ------------------------------------------------------------
+    @cached_property
+    def key(self) -> tuple:
+        """Identifies the generated code: loop order, trip counts and split chains (no cursor)."""
+        return tuple((lp.dim, lp.extent, self._chain_rank(lp)) for lp in self.loops)
+
+    def _chain(self, dim: str) -> list[Loop]:
+        return sorted((lp for lp in self.loops if lp.dim == dim), key=lambda lp: lp.chain)
+
+    def _chain_rank(self, loop: Loop) -> int:
+        return self._chain(loop.dim).index(loop)
+
+    def step(self, loop: Loop) -> int:
+        """How far ``loop``'s dimension index moves per iteration: the product of the trip counts
+        of the loops inside it in its split chain (TVM's split semantics)."""
+        chain = self._chain(loop.dim)
+        return math.prod(lp.extent for lp in chain[chain.index(loop) + 1:])
+
+    @property
+    def write_loops(self) -> tuple[Loop, ...]:
+        """The write nest: output loops below the first reduction loop, where TVM puts the
+        initialisation of the output (``decompose_reduction``) and LoopTool its write-back."""
+        first = self.first_reduction()
+        return tuple(lp for lp in self.loops[first:] if lp.dim not in self.contraction.reduce)
+
+    def first_reduction(self) -> int:
+        return next(i for i, lp in enumerate(self.loops) if lp.dim in self.contraction.reduce)
+
+    # ---- features (§3.3) -------------------------------------------------------------------
+    def stride_histogram(self, loop: Loop, accesses, enclosing: int) -> np.ndarray:
+        """Accesses produced by ``loop``, binned by stride into 2^0 .. 2^15 elements.
+
+        Each access the loop moves (stride > 0) counts once per iteration of the loop, over all
+        iterations of its enclosing loops (``enclosing`` is their trip-count product)."""
+        hist = np.zeros(HIST_BINS, dtype=np.int64)
+        step = self.step(loop)
+        for acc in accesses:
+            stride = acc.stride(loop.dim) * step
+            if stride > 0:
+                hist[min(HIST_BINS - 1, int(math.log2(stride)))] += enclosing * loop.extent
+        return hist
+
+    def features(self) -> np.ndarray:
+        """20 numbers per loop, compute nest then write nest: cursor here, size, tail, in the write
+        nest, stride histogram.  Raw integers; ``LoopTuneEnv`` log-scales them."""
+        con = self.contraction
+        body = con.reads + (con.write,)
+        rows, enclosing = [], 1
+        for i, lp in enumerate(self.loops):
+            rows.append([int(i == self.cursor), lp.extent, lp.tail, 0, *self.stride_histogram(lp, body, enclosing)])
+            enclosing *= lp.extent
+        enclosing = math.prod(lp.extent for lp in self.loops[:self.first_reduction()])
+        for lp in self.write_loops:
+            rows.append([0, lp.extent, lp.tail, 1, *self.stride_histogram(lp, (con.write,), enclosing)])
+            enclosing *= lp.extent
+        return np.asarray(rows, dtype=np.int64)
+
+    # ---- code generation -------------------------------------------------------------------
+    def schedule(self):
+        """The nest as a TVM schedule, with the hardware-specific finishing LoopNest applies on
+        its own: the innermost loop vectorised when it is unit-stride on the output, the outermost
+        parallelised when it is an output loop, the output initialisation split off."""
+        from .._tvm import s_tir
+        con = self.contraction
+        sch = s_tir.Schedule(con.te_func())
+        block = sch.get_sblock("C")
+        rvs = dict(zip(con.dims, sch.get_loops(block)))
+        by_loop = {}
+        for dim in con.dims:
+            chain = self._chain(dim)
+            parts = sch.split(rvs[dim], factors=[lp.extent for lp in chain]) if len(chain) > 1 else [rvs[dim]]
+            by_loop.update(zip(chain, parts))
+        order = [by_loop[lp] for lp in self.loops]
+        sch.reorder(*order)
+        inner, outer = self.loops[-1], self.loops[0]
+        if inner.dim not in con.reduce and con.write.stride(inner.dim) == 1 and inner.extent > 1:
+            sch.vectorize(order[-1])
+        if outer.dim not in con.reduce and outer.extent > 1:
+            sch.parallel(order[0])
+        sch.decompose_reduction(block, order[self.first_reduction()])
+        return sch
+
+    def render(self) -> str:
+        """The nest as text, like the paper's Fig. 5a."""
+        lines = []
+        for i, lp in enumerate(self.loops):
+            tail = f" (tail {lp.tail})" if lp.tail else ""
+            mark = "   <<< agent" if i == self.cursor else ""
+            lines.append(f"{'  ' * i}for {lp.dim} in {lp.extent}{tail} [step {self.step(lp)}]{mark}")
+        lines.append(f"{'  ' * len(self.loops)}{self.contraction.write.tensor} += ...")
+        return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""LoopTune: actions, features, code generation, searches, environment, CLI."""
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from adaptune.cli import main
+from adaptune.looptune import ACTIONS, LoopNest, conv2d, matmul
+from adaptune.looptune.env import LoopTuneEnv, observe
+from adaptune.looptune.evaluate import Evaluator
+from adaptune.looptune.nest import FEATURES, MAX_LOOPS
+from adaptune.looptune.search import SEARCHES
+
+
+def hist(**bins):
+    h = [0] * 16
+    for b, n in bins.items():
+        h[int(b[1:])] = n
+    return h
+
+
+def test_actions_move_swap_and_split_with_tail():
+    n = LoopNest.initial(matmul(4, 10, 2))
+    assert [lp.dim for lp in n.loops] == ["i", "j", "k"] and n.cursor == 0
+    assert n.apply("up") == n                                  # cannot move above the outermost loop
+    n = n.apply("down").apply("split_4")                       # j = 10 -> 3 (tail 2) x 4
+    assert [(lp.dim, lp.extent, lp.tail) for lp in n.loops] == [("i", 4, 0), ("j", 3, 2), ("j", 4, 0), ("k", 2, 0)]
+    assert n.cursor == 1 and n.step(n.loops[1]) == 4 and n.step(n.loops[2]) == 1
+    assert n.apply("split_4").apply("split_4") == n.apply("split_4")   # 3 <= 4: no-op
+    s = n.apply("swap_down")                                   # outer j below inner j, cursor follows it
+    assert [(lp.dim, lp.extent) for lp in s.loops] == [("i", 4), ("j", 4), ("j", 3), ("k", 2)] and s.cursor == 2
+    assert s.key != n.key and s.step(s.loops[2]) == 4          # the chain, not the position, gives the step
+    assert s.apply("swap_up").key == n.key
+    deep = LoopNest.initial(matmul(256, 256, 256))
+    for _ in range(20):
+        deep = deep.apply("split_2")
+    assert len(deep.loops) == MAX_LOOPS
+
+
+def test_features_match_hand_computed_strides():
+    # for i in 4: for k in 2: for j in 8: C[i,j] += A[i,k] * B[k,j]   (A 4x2, B 2x8, C 4x8)
+    n = LoopNest.initial(matmul(4, 8, 2)).apply("down").apply("down").apply("swap_up")
+    assert [lp.dim for lp in n.loops] == ["i", "k", "j"] and n.cursor == 1
+    f = n.features()
+    assert f.shape == (4, FEATURES)
+    assert f[0].tolist() == [0, 4, 0, 0] + hist(b1=4, b3=4)         # A stride 2, C stride 8; 4 iterations
+    assert f[1].tolist() == [1, 2, 0, 0] + hist(b0=8, b3=8)         # A stride 1, B stride 8; 4*2 iterations
+    assert f[2].tolist() == [0, 8, 0, 0] + hist(b0=128)             # B and C stride 1; 4*2*8 iterations each
+    assert f[3].tolist() == [0, 8, 0, 1] + hist(b0=32)              # write nest: j under i, C stride 1
+    t = LoopNest.initial(matmul(4, 10, 2)).apply("down").apply("split_4").features()
+    assert t[1].tolist() == [1, 3, 2, 0] + hist(b2=2 * 4 * 3)       # outer j: step 4 on B and C
+    obs = observe(n)
+    assert obs.shape == (2 * MAX_LOOPS * FEATURES,) and obs[4 * FEATURES:].sum() == 0
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, len(ACTIONS) - 1), max_size=10), st.booleans())
+def test_any_action_sequence_generates_correct_code(actions, conv):
+    con = conv2d(4, 8, 9, 6) if conv else matmul(24, 20, 12)
+    nest = LoopNest.initial(con)
+    for a in actions:
+        nest = nest.apply(a)
+    assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0    # raises if built code is wrong
+
+
+def fake_score(delay=0.0):
+    """A deterministic synthetic GFLOPS surface: more loops and j innermost score higher."""
+    seen = []
+
+    def score(nest):
+        time.sleep(delay)
+        v = len(nest.loops) + 3.0 * (nest.loops[-1].dim == "j") + 0.1 * nest.loops[-1].extent
+        seen.append(v)
+        return v
+    return score, seen
+
+
+@pytest.mark.parametrize("name", list(SEARCHES))
+def test_search_returns_its_best_seen_state_within_limit(name):
+    score, seen = fake_score(delay=0.002)
+    start = LoopNest.initial(matmul(64, 64, 64))
+    res = SEARCHES[name](start, score, time_limit=0.5)
+    assert res.seconds < 0.5 + 0.1
+    assert res.gflops == max(seen) > seen[0]
+    replay = start
+    for a in res.actions:
+        replay = replay.apply(a)
+    assert replay.key == res.nest.key and len(res.actions) <= 10
+
+
+def test_greedy_improves_a_real_matmul():
+    con = matmul(64, 64, 64)
+    ev = Evaluator(con)
+    start = LoopNest.initial(con)
+    res = SEARCHES["greedy1"](start, ev, steps=3, time_limit=30)
+    assert res.gflops >= ev(start) and ev.evaluations >= 2
+
+
+def test_env_rewards_are_gflops_change_over_peak():
+    from gymnasium.utils.env_checker import check_env
+    score, _ = fake_score()
+    env = LoopTuneEnv([matmul(64, 64, 64), matmul(32, 48, 16)], peak=10.0, gflops=score, steps=3)
+    check_env(env, skip_render_check=True)
+    obs, info = env.reset(seed=1, options={"contraction": matmul(64, 64, 64)})
+    assert obs.shape == env.observation_space.shape
+    before = info["gflops"]
+    _, r, term, trunc, info = env.step(ACTIONS.index("split_8"))
+    assert r == pytest.approx((info["gflops"] - before) / 10.0) and not term and not trunc
+    env.step(0)
+    assert env.step(0)[3] is True                                   # truncated after 3 actions
+
+
+def test_cli_looptune(capsys):
+    assert main(["looptune", "32", "32", "16", "--search", "greedy1", "--time-limit", "5", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "GFLOPS (checked against numpy)" in out and "for i in" in out and "speedup" in out
+    assert main(["looptune", "0", "32", "16"]) == 2
+    assert "matmul sizes" in capsys.readouterr().err
