@@ -21,7 +21,8 @@ class _WouldWork(Exception):
 WORDS = ["tune-op", "tune", "compile", "bench", "report", "workloads", "models", "--trials", "--target",
          "--strategy", "--work-dir", "--resume", "--seed", "--batch-size", "--timeout", "--db", "-o",
          "--input-shape", "--rpc", "--device-key", "L8", "tiny-dense", "demo-cnn", "x.onnx", "0", "-3", "7",
-         "1,3,8,8", "llvm", "cuda", '{"kind": "llvm"}', "{", "sa", "chameleon", "nope", "conv2d:1,2", ""]
+         "1,3,8,8", "llvm", "cuda", '{"kind": "llvm"}', "{", "sa", "chameleon", "nope", "conv2d:1,2", "",
+         "looptune", "--search", "--time-limit", "--steps", "greedy1", "nan", "64"]
 
 
 @FUZZ
@@ -33,7 +34,9 @@ def test_cli_arguments_never_crash(tmp_path_factory, monkeypatch, capsys, argv):
         raise _WouldWork
     for mod, name in ((cli_models, "_compile_checked"), (cli, "make_measurer"), (cli_models, "make_measurer")):
         monkeypatch.setattr(mod, name, would_work)
+    import adaptune.looptune.evaluate as lt_evaluate
     import adaptune.scheduler as scheduler
+    monkeypatch.setattr(lt_evaluate, "Evaluator", would_work)
     import adaptune.tuner as tuner
     monkeypatch.setattr(tuner, "tune_tir", would_work)
     monkeypatch.setattr(scheduler, "tune_model", would_work)

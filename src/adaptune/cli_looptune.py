@@ -22,7 +22,7 @@ def cmd_looptune(args) -> int:
     try:
         if min(args.M, args.N, args.K) < 1 or max(args.M, args.N, args.K) > 4096:
             raise UsageError(f"matmul sizes must be 1..4096, got {args.M} {args.N} {args.K}")
-        if args.time_limit <= 0 or args.steps < 1:
+        if not args.time_limit > 0 or args.steps < 1:   # also refuses nan
             raise UsageError("--time-limit must be positive and --steps at least 1")
     except UsageError as e:
         return _fail(str(e))
