@@ -12,8 +12,11 @@
   (``horizon``, 3 steps: on a synthetic latency surface 3 did at least as well as 4-8), each
   restarting with α_0 = 0 from one of the best configs measured so far or, half the time, a
   random one;
-* network: policy and value each two tanh layers of 64, not the paper's 512-1024-1024-512: a
-  search sees one transition per measurement, hundreds in all, far too few to fit its 2M weights;
+* network: policy and value each the paper's four tanh layers 512-1024-1024-512.  Two layers of
+  64 were measured against it (``python bench/rl_net.py``: 8 synthetic surfaces, 256
+  measurements): best latency / optimum 1.216, 1.132, 1.113, 1.103 after 64/128/192/256 against
+  the paper's 1.168, 1.139, 1.107, 1.095, so the small one is not clearly no worse; the paper's
+  costs ~25 ms of search per measurement here, about 1% of a measurement;
 * PPO through ppo.py's ``gae`` and ``ppo_update``: value coefficient 0.15 (the paper's c1);
   entropy coefficient 0.01, not its c2 = 20, which against our normalised advantages would
   flatten the policy into a random walk.
@@ -48,13 +51,24 @@ def reward(alpha_prev: float, beta: float) -> float:
     return alpha_prev - min(beta, 2 * alpha_prev)
 
 
+PAPER_LAYERS = (512, 1024, 1024, 512)     # Woodpecker-DL's four FC layers
+
+
+def _mlp(sizes) -> nn.Sequential:
+    layers = []
+    for a, b in zip(sizes[:-2], sizes[1:-1]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(sizes[-2], sizes[-1]))
+
+
 class PolicyValue(nn.Module):
-    def __init__(self, n_obs: int, n_actions: int, hidden: int = 64):
+    """Separate policy and value MLPs; ``hidden`` is a width (two layers) or the layer widths."""
+
+    def __init__(self, n_obs: int, n_actions: int, hidden: int | tuple = 64):
         super().__init__()
-        self.policy = nn.Sequential(nn.Linear(n_obs, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
-                                    nn.Linear(hidden, n_actions))
-        self.value = nn.Sequential(nn.Linear(n_obs, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
-                                   nn.Linear(hidden, 1))
+        widths = (hidden, hidden) if isinstance(hidden, int) else tuple(hidden)
+        self.policy = _mlp((n_obs, *widths, n_actions))
+        self.value = _mlp((n_obs, *widths, 1))
 
     def forward(self, obs, mask):
         logits = self.policy(obs).masked_fill(~mask, -1e9)
@@ -72,7 +86,8 @@ class _Env:
 
 @register("rl-direct")
 class RLDirect(Strategy):
-    def __init__(self, horizon: int = 3, free_steps: int = 8, update_every: int = 32, hidden: int = 64,
+    def __init__(self, horizon: int = 3, free_steps: int = 8, update_every: int = 32,
+                 hidden: int | tuple = PAPER_LAYERS,
                  lr: float = 1e-3, gamma: float = 0.9, gae_lambda: float = 0.99, epochs: int = 4, clip: float = 0.2,
                  vf_coef: float = 0.15, ent_coef: float = 0.01, minibatch: int = 64):
         self.horizon, self.free_steps, self.update_every = horizon, free_steps, update_every
