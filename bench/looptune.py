@@ -1,14 +1,15 @@
 """LoopTune's evaluation (Figs. 8-10) on held-out matmuls of the paper's set (64..256, step 16).
 
-For each matmul: the untuned nest, each classic search with its time limit, numpy's BLAS, and
-TVM MetaSchedule's stock evolutionary search with a small trial budget.  Every nest a search
-reports was checked against numpy when it was built.  Prints, per method, the median and the
-25-75 % spread of the speedup over the untuned nest, median GFLOPS, median seconds to schedule,
-and the median ratio to numpy.  The paper's setting is ``--count 50 --time-limit 60`` (about six
-hours here on 2 cores); the defaults are a smaller sample.
+For each matmul: the untuned nest, the shipped policy (its time to choose, then its nest
+measured), numpy's BLAS, and on the first ``--search-count`` of them each classic search with its
+time limit and TVM MetaSchedule's stock evolutionary search with a small trial budget.  Every nest
+was checked against numpy when it was built.  Prints, per method, how many matmuls it ran, the
+median and the 25-75 % spread of the speedup over the untuned nest, median GFLOPS, median seconds
+to schedule, and the median ratio to numpy.  The paper's setting is ``--count 50 --time-limit 60``
+(about six hours here on 2 cores); the defaults are a smaller sample.
 
-    python bench/looptune.py                              # 5 matmuls, 10 s per search
-    python bench/looptune.py --count 50 --time-limit 60   # the paper's setting
+    python bench/looptune.py                                    # 50 matmuls for the policy, 5 for searches
+    python bench/looptune.py --search-count 50 --time-limit 60  # the paper's setting
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import run_ms_evolutionary  # noqa: E402
 
 from adaptune.looptune.dataset import split  # noqa: E402
+from adaptune.looptune.dqn import WEIGHTS, Policy  # noqa: E402
 from adaptune.looptune.evaluate import Evaluator, numpy_gflops  # noqa: E402
 from adaptune.looptune.nest import LoopNest  # noqa: E402
 from adaptune.looptune.search import SEARCHES  # noqa: E402
@@ -32,7 +34,9 @@ from adaptune.workloads import get_workload  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--count", type=int, default=5, help="held-out matmuls to run (of 50)")
+    ap.add_argument("--count", type=int, default=50, help="held-out matmuls for untuned, policy and numpy (of 50)")
+    ap.add_argument("--search-count", type=int, default=5, help="of those, how many the searches and TVM run on")
+    ap.add_argument("--policy", default=str(WEIGHTS), help="policy weights (default: the shipped ones)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per search and matmul")
     ap.add_argument("--searches", default=",".join(SEARCHES))
     ap.add_argument("--ms-trials", type=int, default=16, help="TVM evolutionary trials per matmul (0: skip)")
@@ -41,14 +45,23 @@ def main(argv=None) -> int:
     target, out = host_target(), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _, test = split()
+    policy = Policy.load(args.policy)
     rows = []      # (matmul, method, gflops, seconds)
-    for con in test[:args.count]:
+    for idx, con in enumerate(test[:args.count]):
         ev = Evaluator(con, target)
         start = LoopNest.initial(con)
         base = ev(start)
         rows += [(con.name, "untuned", base, 0.0), (con.name, "numpy", numpy_gflops(con), 0.0)]
         line = [f"{con.name}: untuned {base:.2f} GF, numpy {rows[-1][2]:.1f} GF"]
-        for name in args.searches.split(","):
+        choice = policy.schedule(con)
+        rows.append((con.name, "policy", ev(choice.nest), choice.seconds))
+        line.append(f"policy {rows[-1][2]:.1f} ({' '.join(choice.actions)})")
+        if idx < args.search_count < args.count:     # the policy on the searches' matmuls, side by side
+            rows.append((con.name, f"policy, first {args.search_count}", rows[-1][2], rows[-1][3]))
+        if idx >= args.search_count:
+            print(", ".join(line), flush=True)
+            continue
+        for name in filter(None, args.searches.split(",")):
             ev.cache.clear()       # each search pays for its own evaluations
             res = SEARCHES[name](start, ev, time_limit=args.time_limit)
             rows.append((con.name, name, res.gflops, res.seconds))
@@ -64,13 +77,13 @@ def main(argv=None) -> int:
     (out / "results.json").write_text(json.dumps(rows))
     base = {c: g for c, m, g, _ in rows if m == "untuned"}
     npy = {c: g for c, m, g, _ in rows if m == "numpy"}
-    print(f"\n{len(base)} held-out matmuls, target {target}, time limit {args.time_limit:g} s per search")
-    print(f"{'method':24s} {'speedup median':>14s} {'p25-p75':>13s} {'GFLOPS med':>10s} {'s to schedule':>13s} {'/numpy':>7s}")
+    print(f"\nheld-out matmuls, target {target}, time limit {args.time_limit:g} s per search")
+    print(f"{'method':24s} {'n':>3s} {'speedup median':>14s} {'p25-p75':>13s} {'GFLOPS med':>10s} {'s to schedule':>13s} {'/numpy':>7s}")
     for method in dict.fromkeys(m for _, m, _, _ in rows):
         sel = [(c, g, s) for c, m, g, s in rows if m == method]
         sp = np.array([g / base[c] for c, g, _ in sel])
-        print(f"{method:24s} {np.median(sp):13.2f}x {np.percentile(sp, 25):6.2f}-{np.percentile(sp, 75):5.2f}x "
-              f"{np.median([g for _, g, _ in sel]):10.2f} {np.median([s for *_, s in sel]):13.2f} "
+        print(f"{method:24s} {len(sel):3d} {np.median(sp):13.2f}x {np.percentile(sp, 25):6.2f}-{np.percentile(sp, 75):5.2f}x "
+              f"{np.median([g for _, g, _ in sel]):10.2f} {np.median([s for *_, s in sel]):13.3f} "
               f"{np.median([g / npy[c] for c, g, _ in sel]):6.2f}x")
     return 0
 

@@ -22,7 +22,7 @@ WORDS = ["tune-op", "tune", "compile", "bench", "report", "workloads", "models",
          "--strategy", "--work-dir", "--resume", "--seed", "--batch-size", "--timeout", "--db", "-o",
          "--input-shape", "--rpc", "--device-key", "L8", "tiny-dense", "demo-cnn", "x.onnx", "0", "-3", "7",
          "1,3,8,8", "llvm", "cuda", '{"kind": "llvm"}', "{", "sa", "chameleon", "nope", "conv2d:1,2", "",
-         "looptune", "--search", "--time-limit", "--steps", "greedy1", "nan", "64"]
+         "looptune", "--search", "--time-limit", "--steps", "greedy1", "nan", "64", "--policy"]
 
 
 @FUZZ
