@@ -150,7 +150,7 @@ def train(env: LoopTuneEnv, cfg: Config = Config(), *, on_episode: Callable[[int
             # the n-step transition that starts n-1 actions back is complete now
             s = t + 1 - cfg.n_step
             if s >= 0:
-                _add_n_step(replay, traj, acts, rews, s, cfg, end=cfg.steps)
+                _add_n_step(replay, traj, acts, rews, s, cfg)
             if replay.size >= cfg.learning_starts:
                 beta = cfg.beta0 + (1.0 - cfg.beta0) * ep / cfg.episodes
                 _learn(q, target, opt, replay, cfg, beta)
@@ -158,14 +158,16 @@ def train(env: LoopTuneEnv, cfg: Config = Config(), *, on_episode: Callable[[int
                 if updates % cfg.target_every == 0:
                     target.load_state_dict(q.state_dict())
         for s in range(max(0, cfg.steps - cfg.n_step + 1), cfg.steps):   # the episode's last, shorter returns
-            _add_n_step(replay, traj, acts, rews, s, cfg, end=cfg.steps)
+            _add_n_step(replay, traj, acts, rews, s, cfg)
         history.rows.append((env.nest.contraction.name, first, info["gflops"]))
         if on_episode:
             on_episode(ep, history, q)
     return q, history
 
 
-def _add_n_step(replay: PrioritizedReplay, traj, acts, rews, s: int, cfg: Config, *, end: int) -> None:
+def _add_n_step(replay: PrioritizedReplay, traj, acts, rews, s: int, cfg: Config) -> None:
+    """The transition from o_s: up to n discounted rewards, then the bootstrap discount."""
+    end = cfg.steps
     n = min(cfg.n_step, end - s)
     ret = sum(cfg.gamma ** i * rews[s + i] for i in range(n))
     discount = 0.0 if s + n >= end else cfg.gamma ** n          # the fixed horizon ends the episode
