@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Reproduce the shipped policy: train on the paper's matmuls (held-out split excluded) with
     real measurements, saving the weights as it goes."""
     from .dataset import split
-    from .evaluate import Evaluator, peak_gflops
+    from .evaluate import peak_gflops
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--episodes", type=int, default=Config.episodes)
     ap.add_argument("--pool", type=int, default=128,
@@ -243,20 +243,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = Config(episodes=args.episodes, seed=args.seed)
     train_set, _ = split()
     pool = [train_set[i] for i in np.random.default_rng(args.seed).permutation(len(train_set))[:args.pool]]
-    evaluators: dict[Contraction, Evaluator] = {}
-
-    def gflops(nest: LoopNest) -> float:      # quicker timing than the benchmark's: many states
-        ev = evaluators.get(nest.contraction)
-        if ev is None:
-            ev = evaluators[nest.contraction] = Evaluator(nest.contraction, warmup=1, repeat=3, min_repeat_ms=1)
-        return ev(nest)
-
     peak = peak_gflops()
-    env = LoopTuneEnv(pool, steps=cfg.steps, peak=peak, gflops=gflops)
+    # quicker timing than the benchmark's: training measures thousands of states
+    env = LoopTuneEnv(pool, steps=cfg.steps, peak=peak, timing={"warmup": 1, "repeat": 3, "min_repeat_ms": 1})
     t0 = time.perf_counter()
 
     def report(ep: int, hist: History, q: QNetwork) -> None:
-        built = sum(e.evaluations for e in evaluators.values())
+        built = sum(e.evaluations for e in env.evaluators.values())
         if (ep + 1) % 20 == 0:
             log.info("episode %d/%d: last-20 speedup over untuned %.2fx, %d nests measured, %.0f s",
                      ep + 1, cfg.episodes, hist.recent_speedup(), built, time.perf_counter() - t0)

@@ -28,20 +28,20 @@ def observe(nest: LoopNest) -> np.ndarray:
 
 class LoopTuneEnv(gym.Env):
     """Loop-nest scheduling as a Gymnasium environment; GFLOPS come from ``gflops(nest)``
-    (real measurements by default, one cached ``Evaluator`` per contraction)."""
+    (real measurements by default, one cached ``Evaluator`` per contraction, ``timing`` passed to it)."""
 
     metadata: dict = {"render_modes": ["ansi"]}
 
     def __init__(self, contractions: Sequence[Contraction], *, steps: int = 10, peak: float | None = None,
-                 gflops: Callable[[LoopNest], float] | None = None, target=None):
+                 gflops: Callable[[LoopNest], float] | None = None, target=None, timing: dict | None = None):
         if not contractions:
             raise ValueError("LoopTuneEnv needs at least one contraction")
         self.contractions = list(contractions)
         self.steps = steps
         self.peak = peak if peak is not None else peak_gflops()
         self._gflops = gflops
-        self._target = target
-        self._evaluators: dict[Contraction, Evaluator] = {}
+        self._target, self._timing = target, timing or {}
+        self.evaluators: dict[Contraction, Evaluator] = {}      # one measurement cache per contraction
         self.action_space = gym.spaces.Discrete(len(ACTIONS))
         self.observation_space = gym.spaces.Box(0.0, 64.0, shape=(MAX_ROWS * FEATURES,), dtype=np.float32)
         self.nest: LoopNest | None = None
@@ -49,9 +49,9 @@ class LoopTuneEnv(gym.Env):
     def gflops(self, nest: LoopNest) -> float:
         if self._gflops is not None:
             return self._gflops(nest)
-        ev = self._evaluators.get(nest.contraction)
+        ev = self.evaluators.get(nest.contraction)
         if ev is None:
-            ev = self._evaluators[nest.contraction] = Evaluator(nest.contraction, self._target)
+            ev = self.evaluators[nest.contraction] = Evaluator(nest.contraction, self._target, **self._timing)
         return ev(nest)
 
     def reset(self, *, seed=None, options=None):
