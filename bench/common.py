@@ -30,6 +30,12 @@ class Run:
     iterations: int
     numerics_ok: bool
     steps: list = None     # explorer's steps to converge per iteration (sa / rl variants)
+    setup: float = 0.0     # s of the overhead that is one-off (design spaces, knobs, reference kernel)
+
+    @property
+    def search_share(self) -> float:
+        """Search overhead after setup as a share of measurement (build+run) time."""
+        return (self.overhead - self.setup) / max(self.wall - self.overhead, 1e-9)
 
     def trials_to(self, latency: float) -> int | None:
         """Measurements until the best reached ``latency`` (None if never)."""
@@ -54,7 +60,8 @@ def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout
     ok, _ = check_numerics(wl, res.best_schedule, target)
     iters = 1 + len(getattr(strat, "log", [])) if hasattr(strat, "log") else -(-res.trials // batch)
     steps = [e["steps"] for e in getattr(strat, "log", [])] or list(getattr(strat, "steps_taken", []))
-    return Run(strategy, wl.label, res.history, res.best_latency, res.wall_time, res.overhead, iters, ok, steps)
+    return Run(strategy, wl.label, res.history, res.best_latency, res.wall_time, res.overhead, iters, ok, steps,
+               res.setup_time)
 
 
 def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30.0) -> Run:
@@ -78,7 +85,24 @@ def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30
         curve.append((i, wall * i / len(lines), best))    # MS gives no per-record time: spread evenly
     sch = ms.tir_integration.compile_tir(db, wl.mod(), target)
     ok, _ = check_numerics(wl, sch, target)
-    return Run("ms-evolutionary", wl.label, curve, best, wall, float("nan"), -(-trials // batch), ok)
+    search, iters = ms_search_seconds(wd / "logs" / "tvm.s_tir.meta_schedule.logging.task_scheduler.log")
+    return Run("ms-evolutionary", wl.label, curve, best, wall, search, iters or -(-trials // batch), ok)
+
+
+def ms_search_seconds(log: Path) -> tuple[float, int]:
+    """MetaSchedule's search time from its task-scheduler log: per iteration, from "picks Task"
+    to "Sending ... to builder" (generating and choosing candidates; whole seconds only)."""
+    import datetime as dt
+
+    def stamp(line):
+        return dt.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
+    total, iters, start = 0.0, 0, None
+    for line in log.read_text().splitlines() if log.exists() else []:
+        if "picks Task" in line:
+            start = stamp(line)
+        elif "to builder" in line and start is not None:
+            total, iters, start = total + stamp(line) - start, iters + 1, None
+    return total, iters
 
 
 def cost_model_speed(wl, target, n=10_000, repeats=5) -> tuple[float, float]:

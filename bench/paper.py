@@ -4,6 +4,7 @@ on the paper's layers L1-L8, same budget, same builder/runner, one run.
     python bench/paper.py                  # 256 trials per layer (batch 64, as Chameleon's b_GBT)
     python bench/paper.py --quick          # 64 trials per layer (batch 16)
     python bench/paper.py --quick --layers L2 L8
+    python bench/paper.py --strategies rl+as --layers L2 L6   # a subset; ms-evolutionary always runs
 
 Writes one PNG per layer (best GFLOPS against measurements and against wall time, like the paper's
 Fig. 9/12-14) to --out, and prints: per strategy and layer, measurements and wall time to reach
@@ -59,6 +60,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="64 trials per layer, batch 16")
     ap.add_argument("--out", default="bench/out/paper")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES,
+                    help="adaptune strategies to run (default: all five)")
     args = ap.parse_args()
     trials = args.trials or (64 if args.quick else 256)
     batch = 16 if trials <= 64 else 64
@@ -70,7 +73,7 @@ def main() -> None:
     table = {}
     for layer in args.layers:
         wl = get_workload(layer)
-        runs = [run_adaptune(wl, target, s, trials, batch, out, args.seed) for s in STRATEGIES]
+        runs = [run_adaptune(wl, target, s, trials, batch, out, args.seed) for s in args.strategies]
         runs.append(run_ms_evolutionary(wl, target, trials, batch, out, args.seed))
         plot(layer, wl, runs, out)
         table[layer] = {r.strategy: r for r in runs}
@@ -79,10 +82,10 @@ def main() -> None:
             print(f"{layer} {r.strategy:16s} best {r.best * 1e3:8.3f} ms ({wl.flops / r.best / 1e9:6.1f} GFLOPS) "
                   f"x{r.best / ref:.2f} of ms-evo, wall {r.wall:5.0f} s, numerics {'PASS' if r.numerics_ok else 'FAIL'}",
                   flush=True)
-    names = STRATEGIES + ["ms-evolutionary"]
-    print("\nMeasurements to reach MetaSchedule evolutionary's final best (- = not reached); "
+    names = args.strategies + ["ms-evolutionary"]
+    print("\nMeasurements to reach MetaSchedule evolutionary's final best (- = not reached within the budget); "
           "in brackets: wall seconds to reach it")
-    print(f"{'strategy':16s}" + "".join(f"{lay:>13s}" for lay in table) + f"{'geomean':>10s}")
+    print(f"{'strategy':16s}" + "".join(f"{lay:>13s}" for lay in table) + f"{'geomean':>10s}  reached")
     reach = {}
     for n in names:
         cells, vals = [], []
@@ -92,22 +95,38 @@ def main() -> None:
             vals.append(m)
             cells.append(f"{m} ({s:.0f}s)" if m else "-")
         reach[n] = vals
-        print(f"{n:16s}" + "".join(f"{c:>13s}" for c in cells) + f"{geomean(vals):10.1f}")
+        print(f"{n:16s}" + "".join(f"{c:>13s}" for c in cells) + f"{geomean(vals):10.1f}  "
+              f"{sum(v is not None for v in vals)}/{len(vals)}")
+    print("\nFewer measurements than ms-evolutionary to reach its final best (ms-evo's count / ours; "
+          "where ours did not reach it, ms-evo's count / budget, an upper bound)")
+    for n in args.strategies:
+        ratios = [m_ref / (m or trials) for m, m_ref in zip(reach[n], reach["ms-evolutionary"])]
+        bound = "" if all(reach[n]) else "  (upper bound: not reached on some layers)"
+        print(f"{n:16s}" + "".join(f"{r:13.2f}" for r in ratios) + f"{geomean(ratios):10.2f}x{bound}")
     print("\nFinal latency relative to MetaSchedule evolutionary (lower is better)")
     for n in names:
         vals = [runs[n].best / runs["ms-evolutionary"].best for runs in table.values()]
         print(f"{n:16s}" + "".join(f"{v:13.2f}" for v in vals) + f"{geomean(vals):10.2f}")
-    print("\nSearch overhead per iteration, seconds (everything but build+run), and share of wall time")
-    for n in STRATEGIES:
-        per = [runs[n].overhead / max(runs[n].iterations, 1) for runs in table.values()]
-        share = [runs[n].overhead / runs[n].wall for runs in table.values()]
-        print(f"{n:16s}" + "".join(f"{p:8.2f} ({s:3.0%})" for p, s in zip(per, share)))
+    print("\nSearch overhead per iteration in seconds (everything but build+run, after one-off setup), "
+          "in brackets as a share of build+run time; ms-evolutionary's from its log (whole seconds)")
+    for n in names:
+        cells = [f"{(r.overhead - r.setup) / max(r.iterations, 1):7.2f} ({r.search_share:4.0%})"
+                 for r in (runs[n] for runs in table.values())]
+        total = sum(runs[n].overhead - runs[n].setup for runs in table.values())
+        meas = sum(runs[n].wall - runs[n].overhead for runs in table.values())
+        print(f"{n:16s}" + "".join(f"{c:>16s}" for c in cells) + f"   all layers {total / meas:4.0%}")
+    setup = [runs[n].setup for runs in table.values() for n in args.strategies]
+    print(f"one-off setup per run (design spaces, knobs, reference kernel): median {np.median(setup):.1f} s")
     # Component figures
-    sa_steps = [np.mean(runs["sa"].steps) for runs in table.values() if runs["sa"].steps]
-    rl_steps = [np.mean(runs["rl"].steps) for runs in table.values() if runs["rl"].steps]
-    print(f"\nFig. 7a: search steps until the best predicted fitness stops improving, mean per iteration: "
-          f"SA {np.mean(sa_steps):.0f}, RL {np.mean(rl_steps):.0f} (ratio {np.mean(sa_steps) / np.mean(rl_steps):.2f}x)")
+    if "sa" in table[layer] and "rl" in table[layer]:
+        sa_steps = [np.mean(runs["sa"].steps) for runs in table.values() if runs["sa"].steps]
+        rl_steps = [np.mean(runs["rl"].steps) for runs in table.values() if runs["rl"].steps]
+        print(f"\nFig. 7a: search steps until the best predicted fitness stops improving, mean per iteration: "
+              f"SA {np.mean(sa_steps):.0f}, RL {np.mean(rl_steps):.0f} "
+              f"(ratio {np.mean(sa_steps) / np.mean(rl_steps):.2f}x)")
     for base, with_as in (("sa", "sa+as"), ("rl", "rl+as")):
+        if base not in reach or with_as not in reach:
+            continue
         pairs = [(a, b) for a, b in zip(reach[base], reach[with_as]) if a and b]
         ratio = geomean([a / b for a, b in pairs]) if pairs else float("nan")
         print(f"Fig. 7b: measurements to reach ms-evo's best, {base} / {with_as}: geomean {ratio:.2f}x "

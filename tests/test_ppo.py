@@ -24,3 +24,15 @@ def test_episodes_stop_once_they_stop_moving():
     agent = PPOAgent(np.array([1, 1, 1]), seed=0)            # nothing can move
     out = agent.explore(np.zeros((4, 3), dtype=np.int64), lambda c: np.zeros(len(c)), max_steps=500)
     assert agent.last_steps == agent.patience and len(out) == 1
+
+
+def test_episodes_stop_once_the_predicted_fitness_stops_improving():
+    agent = PPOAgent(np.array([50, 50, 50]), seed=0, stall=20, chunk=5)
+    calls = []
+
+    def flat(c):                                               # nothing ever improves on the first step
+        calls.append(len(c))
+        return np.zeros(len(c))
+    agent.explore(np.full((8, 3), 25, dtype=np.int64), flat, max_steps=500)
+    assert agent.last_steps <= 20 + 5                          # stopped within one chunk of the stall limit
+    assert len(calls) == -(-agent.last_steps // 5)             # the cost model was asked once per chunk

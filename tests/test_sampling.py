@@ -84,3 +84,21 @@ def test_greedy_top_k_skips_visited_and_duplicates():
     cands = np.array([[0, 0], [1, 1], [1, 1], [2, 2], [3, 3]])
     out = greedy_top_k(cands, np.array([5.0, 4.0, 4.0, 3.0, 1.0]), {(0, 0)}, 2)
     assert out.tolist() == [[1, 1], [2, 2]]
+
+
+def test_with_scores_each_cluster_gives_its_best_predicted_member():
+    cands = _grid_candidates(seed=4)
+    rng = np.random.default_rng(4)
+    scores = rng.random(len(cands))
+    out = adaptive_sample(cands, np.full(5, 32), set(), seed=0, scores=scores)
+    best = {}
+    for c, s in zip(map(tuple, cands.tolist()), scores):      # a config's score (duplicates share one)
+        best[c] = max(best.get(c, -1.0), s)
+    centroid = adaptive_sample(cands, np.full(5, 32), set(), seed=0)
+    assert len(out) == len(centroid) and len({tuple(c) for c in out}) == len(out)
+    # every pick is its cluster's maximum, so on average it beats the centroid-nearest pick
+    assert np.mean([best[tuple(c)] for c in out.tolist()]) > np.mean([best[tuple(c)] for c in centroid.tolist()])
+    # groups are tight: each pick's score is the best among candidates within one step of it
+    for c in out:
+        near = [s for k, s in best.items() if np.abs(np.array(k) - c).max() <= 1]
+        assert best[tuple(int(x) for x in c)] == max(near)

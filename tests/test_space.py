@@ -96,3 +96,20 @@ def test_features_and_normalisation(conv_space):
     # inactive knobs are zeroed so equal schedules compare equal
     canon = conv_space.canonical(configs)
     assert (canon[~conv_space.active[canon[:, 0]]] == 0).all()
+
+
+def test_prior_samples_are_valid_configs_from_tvms_sampler(conv_space):
+    a = conv_space.sample_prior(12, np.random.default_rng(3))
+    b = conv_space.sample_prior(12, np.random.default_rng(3))
+    assert len(a) == 12 and (a == b).all()                      # seeded
+    assert (a >= 0).all() and (a < conv_space.sizes).all()
+    assert (conv_space.canonical(a) == a).all()
+    for c in a:
+        assert conv_space.decode(c)[0] is not None
+    # TVM's tile sampler favours balanced tilings: the mean largest factor of the biggest tile knob
+    # is below the uniform draw's
+    k = int(np.argmax([kn.size if kn.kind == TILE else 0 for kn in conv_space.knobs]))
+    prior = conv_space.sample_prior(40, np.random.default_rng(0))
+    uniform = conv_space.random(400, np.random.default_rng(0))
+    biggest = [max(conv_space.knobs[k].values[row[k]]) for row in prior if conv_space.active[row[0], k]]
+    assert np.mean(biggest) < np.mean([max(conv_space.knobs[k].values[i]) for i in uniform[:, k]])

@@ -69,29 +69,38 @@ def _synthesise(candidates: np.ndarray, taken: set, is_valid) -> np.ndarray | No
 
 
 def adaptive_sample(candidates: np.ndarray, sizes, visited, *, k_min: int = 8, k_max: int = 64,
-                    threshold: float = 2.5, seed: int = 0, is_valid=None) -> np.ndarray:
-    """Configs to measure: k-means centroids (k at the knee) snapped to unvisited candidates.
+                    threshold: float = 2.5, seed: int = 0, is_valid=None, scores=None) -> np.ndarray:
+    """Configs to measure: one per k-means cluster (k at the knee), never visited, never twice.
 
-    A snapped centroid that was visited is replaced by a synthesised config (mode of each knob,
-    then next-most-frequent values), else by the nearest unvisited candidate to the centroid;
-    never a visited config, never a duplicate."""
-    candidates = np.unique(np.asarray(candidates, dtype=np.int64), axis=0)
+    Without ``scores`` a cluster gives the candidate nearest its centroid (the paper).  With the
+    cost model's ``scores`` it gives its best-predicted member instead: the clusters still spread
+    the measurements over the distinct promising regions, but each measures the region's most
+    promising config rather than its geometric middle, which in knob-index space is often a
+    mediocre schedule.  A pick that was visited is replaced by a synthesised config (mode of
+    each knob, then next-most-frequent values), else by the nearest unvisited candidate."""
+    candidates, first = np.unique(np.asarray(candidates, dtype=np.int64), axis=0, return_index=True)
+    scores = None if scores is None else np.asarray(scores, dtype=np.float64)[first]
     taken = set(map(tuple, np.asarray(list(visited), dtype=np.int64).reshape(-1, candidates.shape[1]).tolist()))
     fresh = np.array([c for c in candidates if tuple(int(x) for x in c) not in taken], dtype=np.int64)
     if len(candidates) <= k_min:
         return fresh.reshape(-1, candidates.shape[1])
     points = _normalise(candidates, sizes)
     _, _, centers = choose_k(points, k_min=k_min, k_max=k_max, threshold=threshold, seed=seed)
+    dist = ((points[:, None, :] - centers[None]) ** 2).sum(-1)          # (candidates, clusters)
+    label = dist.argmin(1)
     out = []
-    for center in centers:
-        order = np.argsort(((points - center) ** 2).sum(1), kind="stable")
-        nearest = candidates[order[0]]
-        if tuple(int(x) for x in nearest) in taken:
+    for c in range(len(centers)):
+        if scores is None:
+            order = np.argsort(dist[:, c], kind="stable")
+        else:
+            members = np.flatnonzero(label == c)
+            order = members[np.argsort(-scores[members], kind="stable")] if len(members) else dist[:, c].argsort()
+        pick = candidates[order[0]]
+        if tuple(int(x) for x in pick) in taken:
             pick = _synthesise(candidates, taken, is_valid)
             if pick is None:
-                pick = next((candidates[i] for i in order if tuple(int(x) for x in candidates[i]) not in taken), None)
-        else:
-            pick = nearest
+                pick = next((candidates[i] for i in np.argsort(dist[:, c], kind="stable")
+                             if tuple(int(x) for x in candidates[i]) not in taken), None)
         if pick is not None:
             taken.add(tuple(int(x) for x in pick))
             out.append(pick)

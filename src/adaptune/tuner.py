@@ -110,6 +110,7 @@ class TuneResult:
     wall_time: float
     history: list[tuple[int, float, float | None]] = field(default_factory=list)  # (trial, elapsed s, best so far)
     overhead: float = 0.0               # seconds spent outside build+run (search, decode, model)
+    setup_time: float = 0.0             # of which one-off: design spaces, knobs, reference kernel
     work_dir: str | None = None
     last_error: str = ""                # the latest failure's kind and message
 
@@ -150,6 +151,7 @@ class TaskTuner:
                 log.info("%s: resumed %d measured record(s)", self.label, len(configs))
                 self.state.refit()
         self.done0 = len(self.state.results)
+        self.setup_time = time.perf_counter() - self.t0
 
     @property
     def trials(self) -> int:
@@ -214,7 +216,7 @@ class TaskTuner:
         return TuneResult(workload=self.label, best_config=best_config, best_latency=self.state.best_latency,
                           best_schedule=best_sch, trials=self.trials, new_trials=self.trials - self.done0,
                           invalid=len(self.state.invalid), failures=self.failures, wall_time=wall,
-                          history=self.history, overhead=wall - self.measure_time,
+                          history=self.history, overhead=wall - self.measure_time, setup_time=self.setup_time,
                           work_dir=str(self.store.dir) if self.store else None, last_error=self.last_error)
 
 

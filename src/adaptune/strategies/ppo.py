@@ -12,7 +12,11 @@ fit torchrl's environment/collector shape, and GAE plus the clipped loss are a d
 * reward: the cost model's predicted fitness of the state reached, queried once after the rollout
   for the whole trajectory and standardised over the batch (the model's scale drifts between
   refits; standardising keeps the PPO step size meaningful);
-* an episode ends early once its config has not changed for ``patience`` steps.
+* an episode ends early once its config has not changed for ``patience`` steps, or once its
+  predicted fitness has not improved for ``stall`` steps (the early stop AutoTVM's simulated
+  annealing has too, 50 steps).  For that the cost model scores the states reached every
+  ``chunk`` steps rather than once at the end; the scores are the same, and an iteration costs
+  what the search needs instead of always 128 x 500 steps.
 
 Hyper-parameters are the paper's (Table 9): Adam 1e-3, discount 0.9, GAE 0.99, 3 epochs,
 clip 0.3, value coefficient 1.0, entropy 0.1.  The agent persists across calls, so it keeps
@@ -20,9 +24,23 @@ what it learned about the design space from one tuning iteration to the next.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 from torch import nn
+
+
+@contextmanager
+def one_thread():
+    """Run torch on one thread: the networks here are tiny, and a second thread only adds
+    hand-off cost (several times the work itself on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class ActorCritic(nn.Module):
@@ -38,7 +56,7 @@ class ActorCritic(nn.Module):
     def forward(self, obs):
         h = self.shared(obs)
         logits = self.policy(h).view(*obs.shape[:-1], self.n_knobs, 3)
-        return torch.distributions.Categorical(logits=logits), self.value(h).squeeze(-1)
+        return torch.distributions.Categorical(logits=logits, validate_args=False), self.value(h).squeeze(-1)
 
 
 def gae(rewards, values, alive, gamma: float, lam: float):
@@ -83,10 +101,12 @@ def ppo_update(net, opt, evaluate, old_logp, adv, ret, *, epochs: int, minibatch
 class PPOAgent:
     def __init__(self, sizes, *, seed: int = 0, hidden: int = 64, lr: float = 1e-3, gamma: float = 0.9,
                  gae_lambda: float = 0.99, epochs: int = 3, clip: float = 0.3, vf_coef: float = 1.0,
-                 ent_coef: float = 0.1, minibatch: int = 4096, patience: int = 3):
+                 ent_coef: float = 0.1, minibatch: int = 4096, patience: int = 3, stall: int = 50,
+                 chunk: int = 10):
         self.sizes = torch.as_tensor(np.asarray(sizes), dtype=torch.int64)
         self.gamma, self.lam, self.epochs, self.clip = gamma, gae_lambda, epochs, clip
         self.vf_coef, self.ent_coef, self.minibatch, self.patience = vf_coef, ent_coef, minibatch, patience
+        self.stall, self.chunk = stall, chunk
         self.gen = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         self.net = ActorCritic(len(self.sizes), hidden)
@@ -98,12 +118,15 @@ class PPOAgent:
         return configs.float() / torch.clamp(self.sizes - 1, min=1).float()
 
     @torch.no_grad()
-    def _rollout(self, init: torch.Tensor, max_steps: int):
-        """Step all episodes together; returns per-step tensors shaped (T, E, ...)."""
+    def _rollout(self, init: torch.Tensor, max_steps: int, reward_fn):
+        """Step all episodes together, scoring the states reached with the cost model every
+        ``chunk`` steps; returns per-step tensors shaped (T, E, ...) and the raw rewards."""
         cfg, still = init.clone(), torch.zeros(len(init), dtype=torch.int64)
         alive = torch.ones(len(init), dtype=torch.bool)
-        obs_l, act_l, logp_l, val_l, next_l, alive_l = [], [], [], [], [], []
-        for _ in range(max_steps):
+        best = torch.full((len(init),), -torch.inf)
+        last_gain = torch.zeros(len(init), dtype=torch.int64)       # step of each episode's last new best
+        obs_l, act_l, logp_l, val_l, next_l, alive_l, reward_l = [], [], [], [], [], [], []
+        for t in range(max_steps):
             obs = self._obs(cfg)
             dist, value = self.net(obs)
             action = dist.sample()
@@ -114,23 +137,36 @@ class PPOAgent:
             still = torch.where(moved, 0, still + 1)
             cfg = torch.where(alive[:, None], nxt, cfg)
             alive &= still < self.patience
+            if (t + 1) % self.chunk == 0 or not alive.any() or t + 1 == max_steps:
+                s0 = len(reward_l)                                  # score the chunk just walked
+                live = torch.stack(alive_l[s0:])
+                r = torch.full(live.shape, -torch.inf)
+                r[live] = torch.as_tensor(np.asarray(reward_fn(torch.stack(next_l[s0:])[live].numpy())),
+                                          dtype=torch.float32)
+                for s, r_s in enumerate(r, s0):
+                    last_gain = torch.where(r_s > best, s, last_gain)
+                    best = torch.maximum(best, r_s)
+                    reward_l.append(r_s)
+                alive &= t - last_gain < self.stall
             if not alive.any():
                 break
         stack = torch.stack
-        return stack(obs_l), stack(act_l), stack(logp_l), stack(val_l), stack(next_l), stack(alive_l)
+        return stack(obs_l), stack(act_l), stack(logp_l), stack(val_l), stack(next_l), stack(alive_l), stack(reward_l)
 
     def explore(self, init_configs: np.ndarray, reward_fn, *, max_steps: int = 500) -> np.ndarray:
         """Run one batch of episodes from ``init_configs``, learn from it, return every distinct
         config reached (the candidate set S_Θ)."""
+        with one_thread():
+            return self._explore(init_configs, reward_fn, max_steps)
+
+    def _explore(self, init_configs, reward_fn, max_steps):
         init = torch.as_tensor(np.asarray(init_configs), dtype=torch.int64)
-        obs, act, logp, val, nxt, alive = self._rollout(init, max_steps)
+        obs, act, logp, val, nxt, alive, rewards = self._rollout(init, max_steps, reward_fn)
         self.last_steps = len(obs)
         T, E = alive.shape
         reached = nxt[alive]                                             # (N, d) live steps only
-        raw = torch.as_tensor(np.asarray(reward_fn(reached.numpy())), dtype=torch.float32)
+        raw = rewards[alive]
         self.history.append(float(raw.mean()))
-        rewards = torch.full((T, E), -torch.inf)
-        rewards[alive] = raw
         best_so_far = torch.cummax(rewards.max(1).values, 0).values
         self.converge_step = int((best_so_far < best_so_far[-1]).sum()) + 1   # step the best stopped improving
         rewards = torch.zeros(T, E)
