@@ -2,21 +2,21 @@
 
 Read top to bottom like a CleanRL script: network, rollout, reward, GAE, clipped update.
 Hand-written rather than taken from torchrl: the rollout is a batch of episodes stepped together
-on integer knob vectors with the reward computed afterwards from the cost model, which does not
+on integer knob vectors with the reward computed in chunks from the cost model, which does not
 fit torchrl's environment/collector shape, and GAE plus the clipped loss are a dozen lines here.
 (``gae`` and ``ppo_update`` are module functions: Woodpecker's measurement-driven agent in
 ``rl_direct.py`` trains with them too.)
 
 * observation: the config, each knob scaled to [0, 1];
 * action: for every knob one of {decrement, stay, increment} (a factorised categorical);
-* reward: the cost model's predicted fitness of the state reached, queried once after the rollout
-  for the whole trajectory and standardised over the batch (the model's scale drifts between
-  refits; standardising keeps the PPO step size meaningful);
+* reward: the cost model's predicted fitness of the state reached, queried in one call per chunk
+  of steps for all episodes, and standardised over the batch after the rollout (the model's
+  scale drifts between refits; standardising keeps the PPO step size meaningful);
 * an episode ends early once its config has not changed for ``patience`` steps, or once its
   predicted fitness has not improved for ``stall`` steps (the early stop AutoTVM's simulated
-  annealing has too, 50 steps).  For that the cost model scores the states reached every
-  ``chunk`` steps rather than once at the end; the scores are the same, and an iteration costs
-  what the search needs instead of always 128 x 500 steps.
+  annealing has too, 50 steps).  Scoring every ``chunk`` steps rather than once at the end
+  gives the same rewards, and lets an iteration cost what the search needs instead of always
+  128 x 500 steps (~4x fewer steps on L8, bench/paper.py reports the overhead).
 
 Hyper-parameters are the paper's (Table 9): Adam 1e-3, discount 0.9, GAE 0.99, 3 epochs,
 clip 0.3, value coefficient 1.0, entropy 0.1.  The agent persists across calls, so it keeps
