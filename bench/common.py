@@ -2,6 +2,7 @@
 builder/runner settings for all, every best kernel checked against numpy before it is reported."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import shutil
@@ -92,8 +93,6 @@ def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30
 def ms_search_seconds(log: Path) -> tuple[float, int]:
     """MetaSchedule's search time from its task-scheduler log: per iteration, from "picks Task"
     to "Sending ... to builder" (generating and choosing candidates; whole seconds only)."""
-    import datetime as dt
-
     def stamp(line):
         return dt.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
     total, iters, start = 0.0, 0, None

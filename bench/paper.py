@@ -118,7 +118,7 @@ def main() -> None:
     setup = [runs[n].setup for runs in table.values() for n in args.strategies]
     print(f"one-off setup per run (design spaces, knobs, reference kernel): median {np.median(setup):.1f} s")
     # Component figures
-    if "sa" in table[layer] and "rl" in table[layer]:
+    if {"sa", "rl"} <= set(args.strategies):
         sa_steps = [np.mean(runs["sa"].steps) for runs in table.values() if runs["sa"].steps]
         rl_steps = [np.mean(runs["rl"].steps) for runs in table.values() if runs["rl"].steps]
         print(f"\nFig. 7a: search steps until the best predicted fitness stops improving, mean per iteration: "

@@ -11,7 +11,8 @@ users); ``sa`` (sa + greedy) is the baseline in ``sa.py``.  Adaptive sampling cl
 visited: most visited states are the agent's early, poor steps, and clustering them would spend
 measurements on regions the cost model already rules out.
 
-Three departures from the paper, each measured in ``bench/paper.py`` (see the closing notes):
+Three departures from the paper (rl+as with all three is what ``bench/paper.py`` measures against
+MetaSchedule; the first two were compared with the paper's choice only in single-seed runs):
 
 * ``snap="best"``: each cluster is measured at its best-predicted member, not at the candidate
   nearest its centroid (``snap="centroid"``, the paper);
