@@ -28,3 +28,24 @@ def test_unloadable_kernel_is_a_record(target):
 
     res = Measurer(target, timeout=5).measure([Unresolved])
     assert len(res) == 1 and not res[0].ok and res[0].latency is None and res[0].message
+
+
+def test_build_workers_outlive_a_batch_and_are_recycled(conv_space, target):
+    from adaptune._tvm import ms
+    from adaptune.measure import WarmBuilder
+
+    good = conv_space.decode(conv_space.random(1, np.random.default_rng(0))[0])[0].mod
+    builder = WarmBuilder(max_workers=1, timeout=30, recycle=3)
+
+    def pids():
+        return {w._proc.pid for w in builder._pool._worker_map.values() if w._proc is not None}
+
+    first = builder.build([ms.builder.BuilderInput(m, target) for m in (good, faulty.BuildFails)])
+    assert first[0].error_msg is None and first[0].artifact_path
+    assert first[1].artifact_path is None and "build failed" in first[1].error_msg
+    before = pids()
+    assert builder.build([ms.builder.BuilderInput(good, target)])[0].error_msg is None
+    assert pids() == before                  # a failed build does not cost the worker; the next batch reuses it
+    assert builder.build([ms.builder.BuilderInput(good, target)])[0].error_msg is None
+    assert pids() and pids() != before       # the fourth build went to a fresh worker (recycle=3)
+    builder.close()

@@ -133,6 +133,7 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
     old = json.loads(meta_path.read_text()) if resume else None
     if old is not None and (old["target"] != str(target) or old["model"] != model.source):
         raise WorkDirError(f"work dir {wd} was tuned for {old['model']} on {old['target']}; use a separate work dir")
+    owns_measurer = measurer is None
     measurer = measurer or Measurer(target)
     if old is not None and {t["name"] for t in old["tasks"]} == {t.name for t in tasks}:
         baselines = {t["name"]: t["baseline"] for t in old["tasks"]}
@@ -201,6 +202,8 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
         for tt in tuners:
             if tt is not None:
                 tt.close()
+        if owns_measurer:
+            measurer.close()
     meta["tasks"] = [{**m, "best": s.best, "trials": s.trials} for m, s in zip(meta["tasks"], summaries)]
     _write_json(meta_path, meta)
     untuned = [s.name for s in summaries if s.trials == 0]

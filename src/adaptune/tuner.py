@@ -131,6 +131,7 @@ class TaskTuner:
         self.state = TuneState(self.space, seed=seed)
         self.strategy = make_strategy(strategy, **(strategy_options or {}))
         self.strategy.setup(self.state)
+        self.owns_measurer = measurer is None
         self.measurer = measurer or Measurer(self.space.target)
         self.store = RecordStore(space=self.space, label=label, **store_args) if store_args else None
         self.on_result = on_result
@@ -205,6 +206,8 @@ class TaskTuner:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+        if self.owns_measurer:
+            self.measurer.close()
 
     def result(self) -> TuneResult:
         best = self.state.best(1)
