@@ -51,6 +51,11 @@ class Chameleon(Strategy):
         self.points = None
         self.log: list[dict] = []       # per iteration: candidates, measured, k, search seconds
 
+    def setup(self, state) -> None:
+        super().setup(state)
+        if self.explorer == "rl" and self.agent is None:   # one-off: torch's optimiser import takes ~2 s
+            self.agent = PPOAgent(state.space.sizes, seed=int(state.rng.integers(1 << 30)))
+
     # -- exploration --------------------------------------------------------------------------------
     def _explore(self) -> np.ndarray:
         st = self.state
@@ -62,8 +67,6 @@ class Chameleon(Strategy):
                 plan_size=self.pool, exclude=st.measured_keys())
             self._steps = steps
             return cands
-        if self.agent is None:
-            self.agent = PPOAgent(st.space.sizes, seed=int(st.rng.integers(1 << 30)))
         best = st.best(self.n_init_best)
         init = np.concatenate([best, st.space.random(max(self.episodes - len(best), 0), st.rng)])
         visited = self.agent.explore(init, lambda c: st.cost_model.predict(st.space.canonical(c)),
