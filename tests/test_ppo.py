@@ -36,3 +36,17 @@ def test_episodes_stop_once_the_predicted_fitness_stops_improving():
     agent.explore(np.full((8, 3), 25, dtype=np.int64), flat, max_steps=500)
     assert agent.last_steps <= 20 + 5                          # stopped within one chunk of the stall limit
     assert len(calls) == -(-agent.last_steps // 5)             # the cost model was asked once per chunk
+
+
+def test_the_rollouts_numpy_policy_is_the_torch_policy():
+    import torch
+
+    agent = PPOAgent(np.array([5, 9, 2, 30]), seed=1)
+    obs = np.random.default_rng(0).random((16, 4)).astype(np.float32)
+    logits = agent.numpy_policy()(obs)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    with torch.no_grad():
+        want = agent.net(torch.from_numpy(obs))[0].probs.numpy()
+    assert probs.shape == want.shape == (16, 4, 3)
+    assert np.allclose(probs, want, atol=1e-5)
