@@ -66,7 +66,8 @@ def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout
 
 
 def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30.0) -> Run:
-    """TVM MetaSchedule's default search (evolutionary + XGBoost), same builder/runner as ours."""
+    """TVM MetaSchedule's default search (evolutionary + XGBoost), with our build function and runner;
+    it keeps its own ``LocalBuilder``, which starts fresh workers for each batch (its stock behaviour)."""
     wd = out / f"{wl.label}-ms-evolutionary"
     shutil.rmtree(wd, ignore_errors=True)
     m = Measurer(target, timeout=timeout)

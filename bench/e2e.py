@@ -26,7 +26,7 @@ from adaptune.target import host_target
 
 
 def tune_ms(model, target, trials, batch, wd: Path, timeout=30.0) -> float:
-    """TVM's stock model tuning on the same optimised graph, same builder/runner settings; wall s."""
+    """TVM's stock model tuning on the same optimised graph, same build function and runner settings; wall s."""
     shutil.rmtree(wd, ignore_errors=True)
     m = Measurer(target, timeout=timeout)
     t0 = time.perf_counter()

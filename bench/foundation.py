@@ -1,6 +1,6 @@
 """Foundation benchmark: adaptune's `sa` and `random` vs TVM MetaSchedule's evolutionary search.
 
-Same layers, same trial budget, same builder/runner, one run, side by side:
+Same layers, same trial budget, same build function and runner, one run, side by side:
 
     python bench/foundation.py                 # L2 and L8 at 64 trials
     python bench/foundation.py --layers L6 L7 --trials 128

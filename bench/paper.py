@@ -1,5 +1,5 @@
 """Chameleon's evaluation, reproduced: sa, rl, sa+as, rl+as, random and TVM's evolutionary search
-on the paper's layers L1-L8, same budget, same builder/runner, one run.
+on the paper's layers L1-L8, same budget, same build function and runner, one run.
 
     python bench/paper.py                  # 256 trials per layer (batch 64, as Chameleon's b_GBT)
     python bench/paper.py --quick          # 64 trials per layer (batch 16)
