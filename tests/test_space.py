@@ -48,11 +48,20 @@ def test_random_configs_decode_and_encode_back(conv_space):
         sch, reason, canon = conv_space.decode(c)
         assert sch is not None, reason
         assert (conv_space.encode(sch.trace) == canon).all()
+        # MetaSchedule's own search stores traces simplified (dead instructions dropped, variables
+        # renumbered): its records encode to the same config
+        assert (conv_space.encode(sch.trace.simplified(remove_postproc=True)) == canon).all()
         # the schedule really carries the decisions of the config
         tiles = [d for kind, d in sampled_decisions(sch.trace) if kind == "SamplePerfectTile"]
         want = [conv_space.knobs[k].values[canon[k]] for _, k in conv_space._space_insts[canon[0]]
                 if conv_space.knobs[k].kind == TILE]
         assert tiles == want
+
+
+def test_simplified_traces_differ_so_their_encoding_is_tested(conv_space):
+    sch = conv_space.decode(conv_space.random(1, np.random.default_rng(0))[0])[0]
+    raw = sch.trace.as_json(remove_postproc=True)[0]
+    assert sch.trace.simplified(remove_postproc=True).as_json(remove_postproc=True)[0] != raw
 
 
 def test_repaired_decision_is_reported_invalid(target):

@@ -132,8 +132,9 @@ def valid_locations(sch, block) -> list[int]:
 
 
 def _structure(trace) -> str:
-    """A trace's instructions without decisions: identifies which design space it came from."""
-    return str(trace.as_json(remove_postproc=True)[0])
+    """A trace's instructions without decisions and without dead ones: identifies which design
+    space it came from (MetaSchedule's own search stores its records' traces simplified)."""
+    return str(trace.simplified(remove_postproc=True).as_json(remove_postproc=True)[0])
 
 
 def as_module(mod) -> "tvm.IRModule":
@@ -401,7 +402,8 @@ class KnobSpace:
         if structure not in self._structures:
             return None
         s = self._structures.index(structure)
-        decisions = [d for kind, d in sampled_decisions(trace) if kind not in self._fixed_kinds]
+        decisions = [d for kind, d in sampled_decisions(trace.simplified(remove_postproc=True))
+                     if kind not in self._fixed_kinds]
         if len(decisions) != len(self._space_insts[s]):
             return None
         wanted = {k: d for (_, k), d in zip(self._space_insts[s], decisions)}
