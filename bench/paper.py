@@ -5,6 +5,7 @@ on the paper's layers L1-L8, same budget, same build function and runner, one ru
     python bench/paper.py --quick          # 64 trials per layer (batch 16)
     python bench/paper.py --quick --layers L2 L8
     python bench/paper.py --strategies rl+as --layers L2 L6   # a subset; ms-evolutionary always runs
+    python bench/paper.py --strategies rl+as --seeds 3        # everything three times (seeds 0, 1, 2)
 
 Writes one PNG per layer (best GFLOPS against measurements and against wall time, like the paper's
 Fig. 9/12-14) to --out, and prints: per strategy and layer, measurements and wall time to reach
@@ -53,36 +54,10 @@ def plot(layer, wl, runs, out: Path):
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", nargs="+", default=[f"L{i}" for i in range(1, 9)])
-    ap.add_argument("--trials", type=int, default=None)
-    ap.add_argument("--quick", action="store_true", help="64 trials per layer, batch 16")
-    ap.add_argument("--out", default="bench/out/paper")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES,
-                    help="adaptune strategies to run (default: all five)")
-    args = ap.parse_args()
-    trials = args.trials or (64 if args.quick else 256)
-    batch = 16 if trials <= 64 else 64
-    logging.getLogger("tvm").setLevel(logging.WARNING)
-    target = host_target()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"target {target}; {trials} trials per layer, {batch} per iteration", flush=True)
-    table = {}
-    for layer in args.layers:
-        wl = get_workload(layer)
-        runs = [run_adaptune(wl, target, s, trials, batch, out, args.seed) for s in args.strategies]
-        runs.append(run_ms_evolutionary(wl, target, trials, batch, out, args.seed))
-        plot(layer, wl, runs, out)
-        table[layer] = {r.strategy: r for r in runs}
-        ref = runs[-1].best
-        for r in runs:
-            print(f"{layer} {r.strategy:16s} best {r.best * 1e3:8.3f} ms ({wl.flops / r.best / 1e9:6.1f} GFLOPS) "
-                  f"x{r.best / ref:.2f} of ms-evo, wall {r.wall:5.0f} s, numerics {'PASS' if r.numerics_ok else 'FAIL'}",
-                  flush=True)
-    names = args.strategies + ["ms-evolutionary"]
+def report(table, strategies, trials) -> dict:
+    """Print the tables for one seed; returns per strategy [latency geomean, reach-ratio geomean,
+    whether that ratio is an upper bound]."""
+    names = strategies + ["ms-evolutionary"]
     print("\nMeasurements to reach MetaSchedule evolutionary's final best (- = not reached within the budget); "
           "in brackets: wall seconds to reach it")
     print(f"{'strategy':16s}" + "".join(f"{lay:>13s}" for lay in table) + f"{'geomean':>10s}  reached")
@@ -99,14 +74,17 @@ def main() -> None:
               f"{sum(v is not None for v in vals)}/{len(vals)}")
     print("\nFewer measurements than ms-evolutionary to reach its final best (ms-evo's count / ours; "
           "where ours did not reach it, ms-evo's count / budget, an upper bound)")
-    for n in args.strategies:
+    summary = {}
+    for n in strategies:
         ratios = [m_ref / (m or trials) for m, m_ref in zip(reach[n], reach["ms-evolutionary"])]
         bound = "" if all(reach[n]) else "  (upper bound: not reached on some layers)"
         print(f"{n:16s}" + "".join(f"{r:13.2f}" for r in ratios) + f"{geomean(ratios):10.2f}x{bound}")
+        summary[n] = [geomean(ratios), bool(bound)]
     print("\nFinal latency relative to MetaSchedule evolutionary (lower is better)")
     for n in names:
         vals = [runs[n].best / runs["ms-evolutionary"].best for runs in table.values()]
         print(f"{n:16s}" + "".join(f"{v:13.2f}" for v in vals) + f"{geomean(vals):10.2f}")
+        summary.get(n, []).insert(0, geomean(vals))
     print("\nSearch overhead per iteration in seconds (everything but build+run, after one-off setup), "
           "in brackets as a share of build+run time; ms-evolutionary's from its log (whole seconds)")
     for n in names:
@@ -115,10 +93,10 @@ def main() -> None:
         total = sum(runs[n].overhead - runs[n].setup for runs in table.values())
         meas = sum(runs[n].wall - runs[n].overhead for runs in table.values())
         print(f"{n:16s}" + "".join(f"{c:>16s}" for c in cells) + f"   all layers {total / meas:4.0%}")
-    setup = [runs[n].setup for runs in table.values() for n in args.strategies]
+    setup = [runs[n].setup for runs in table.values() for n in strategies]
     print(f"one-off setup per run (design spaces, knobs, reference kernel): median {np.median(setup):.1f} s")
     # Component figures
-    if {"sa", "rl"} <= set(args.strategies):
+    if {"sa", "rl"} <= set(strategies):
         sa_steps = [np.mean(runs["sa"].steps) for runs in table.values() if runs["sa"].steps]
         rl_steps = [np.mean(runs["rl"].steps) for runs in table.values() if runs["rl"].steps]
         print(f"\nFig. 7a: search steps until the best predicted fitness stops improving, mean per iteration: "
@@ -131,6 +109,52 @@ def main() -> None:
         ratio = geomean([a / b for a, b in pairs]) if pairs else float("nan")
         print(f"Fig. 7b: measurements to reach ms-evo's best, {base} / {with_as}: geomean {ratio:.2f}x "
               f"over {len(pairs)} layer(s) where both reached it")
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", nargs="+", default=[f"L{i}" for i in range(1, 9)])
+    ap.add_argument("--trials", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="64 trials per layer, batch 16")
+    ap.add_argument("--out", default="bench/out/paper")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1, help="repeat everything with seeds --seed, --seed+1, ...")
+    ap.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES,
+                    help="adaptune strategies to run (default: all five)")
+    args = ap.parse_args()
+    trials = args.trials or (64 if args.quick else 256)
+    batch = 16 if trials <= 64 else 64
+    logging.getLogger("tvm").setLevel(logging.WARNING)
+    target = host_target()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"target {target}; {trials} trials per layer, {batch} per iteration", flush=True)
+    summary = {}
+    for seed in range(args.seed, args.seed + args.seeds):
+        if args.seeds > 1:
+            print(f"\n=== seed {seed} ===", flush=True)
+        table = {}
+        for layer in args.layers:
+            wl = get_workload(layer)
+            runs = [run_adaptune(wl, target, s, trials, batch, out, seed) for s in args.strategies]
+            runs.append(run_ms_evolutionary(wl, target, trials, batch, out, seed))
+            plot(layer if seed == args.seed else f"{layer}-seed{seed}", wl, runs, out)
+            table[layer] = {r.strategy: r for r in runs}
+            ref = runs[-1].best
+            for r in runs:
+                print(f"{layer} {r.strategy:16s} best {r.best * 1e3:8.3f} ms ({wl.flops / r.best / 1e9:6.1f} GFLOPS) "
+                      f"x{r.best / ref:.2f} of ms-evo, wall {r.wall:5.0f} s, numerics {'PASS' if r.numerics_ok else 'FAIL'}",
+                      flush=True)
+        summary[seed] = report(table, args.strategies, trials)
+    if args.seeds > 1:
+        print("\nPer seed: geomean final latency relative to ms-evolutionary | geomean fewer measurements to reach "
+              "its final best (* = upper bound, not reached on some layers)")
+        for n in args.strategies:
+            per_seed = [summary[seed][n] for seed in summary]
+            cells = [f"{lat:.2f} | {m:.2f}x{'*' if bound else ''}" for lat, m, bound in per_seed]
+            lats = [lat for lat, _, _ in per_seed]
+            print(f"{n:16s}" + "".join(f"{c:>18s}" for c in cells) + f"   median latency ratio {np.median(lats):.2f}")
     print(f"\nplots: {out}/L*.png")
 
 
