@@ -55,8 +55,8 @@ def plot(layer, wl, runs, out: Path):
 
 
 def report(table, strategies, trials) -> dict:
-    """Print the tables for one seed; returns per strategy [latency geomean, reach-ratio geomean,
-    whether that ratio is an upper bound]."""
+    """Print the tables for one seed; returns per strategy (latency geomean, reach-ratio geomean,
+    whether that ratio is an upper bound)."""
     names = strategies + ["ms-evolutionary"]
     print("\nMeasurements to reach MetaSchedule evolutionary's final best (- = not reached within the budget); "
           "in brackets: wall seconds to reach it")
@@ -74,17 +74,17 @@ def report(table, strategies, trials) -> dict:
               f"{sum(v is not None for v in vals)}/{len(vals)}")
     print("\nFewer measurements than ms-evolutionary to reach its final best (ms-evo's count / ours; "
           "where ours did not reach it, ms-evo's count / budget, an upper bound)")
-    summary = {}
+    reach_ratio, latency = {}, {}
     for n in strategies:
         ratios = [m_ref / (m or trials) for m, m_ref in zip(reach[n], reach["ms-evolutionary"])]
         bound = "" if all(reach[n]) else "  (upper bound: not reached on some layers)"
         print(f"{n:16s}" + "".join(f"{r:13.2f}" for r in ratios) + f"{geomean(ratios):10.2f}x{bound}")
-        summary[n] = [geomean(ratios), bool(bound)]
+        reach_ratio[n] = geomean(ratios), bool(bound)
     print("\nFinal latency relative to MetaSchedule evolutionary (lower is better)")
     for n in names:
         vals = [runs[n].best / runs["ms-evolutionary"].best for runs in table.values()]
         print(f"{n:16s}" + "".join(f"{v:13.2f}" for v in vals) + f"{geomean(vals):10.2f}")
-        summary.get(n, []).insert(0, geomean(vals))
+        latency[n] = geomean(vals)
     print("\nSearch overhead per iteration in seconds (everything but build+run, after one-off setup), "
           "in brackets as a share of build+run time; ms-evolutionary's from its log (whole seconds)")
     for n in names:
@@ -109,7 +109,7 @@ def report(table, strategies, trials) -> dict:
         ratio = geomean([a / b for a, b in pairs]) if pairs else float("nan")
         print(f"Fig. 7b: measurements to reach ms-evo's best, {base} / {with_as}: geomean {ratio:.2f}x "
               f"over {len(pairs)} layer(s) where both reached it")
-    return summary
+    return {n: (latency[n], *reach_ratio[n]) for n in strategies}
 
 
 def main() -> None:

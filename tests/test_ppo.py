@@ -43,7 +43,7 @@ def test_the_rollouts_numpy_policy_is_the_torch_policy():
 
     agent = PPOAgent(np.array([5, 9, 2, 30]), seed=1)
     obs = np.random.default_rng(0).random((16, 4)).astype(np.float32)
-    logits = agent.numpy_policy()(obs)
+    logits = agent.net.numpy_policy()(obs)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     with torch.no_grad():

@@ -131,10 +131,15 @@ def valid_locations(sch, block) -> list[int]:
     return sorted(set(found))
 
 
+def _simplified(trace):
+    """The trace without dead instructions.  MetaSchedule's own search stores its records' traces
+    simplified, so traces are compared with design spaces in this form."""
+    return trace.simplified(remove_postproc=True)
+
+
 def _structure(trace) -> str:
-    """A trace's instructions without decisions and without dead ones: identifies which design
-    space it came from (MetaSchedule's own search stores its records' traces simplified)."""
-    return str(trace.simplified(remove_postproc=True).as_json(remove_postproc=True)[0])
+    """A trace's instructions without decisions: identifies which design space it came from."""
+    return str(trace.as_json(remove_postproc=True)[0])
 
 
 def as_module(mod) -> "tvm.IRModule":
@@ -169,7 +174,7 @@ class KnobSpace:
             postprocs = postprocs or ctx.space_generator.postprocs
         self.traces = [sch.trace for sch in design_spaces]
         self.postprocs = list(postprocs)
-        self._structures = [_structure(t) for t in self.traces]
+        self._structures = [_structure(_simplified(t)) for t in self.traces]
         self.knobs: list[Knob] = [Knob(SPACE, "space", list(range(len(self.traces))))]
         self._space_insts: list[list[tuple[object, int]]] = []   # per space: (instruction, knob index)
         self._fixed_kinds: set[str] = set()
@@ -396,14 +401,14 @@ class KnobSpace:
     def encode(self, trace) -> np.ndarray | None:
         """The canonical config of a measured schedule's trace, or None if not from this space."""
         try:
+            trace = _simplified(trace)
             structure = _structure(trace)
         except Exception:  # noqa: BLE001
             return None
         if structure not in self._structures:
             return None
         s = self._structures.index(structure)
-        decisions = [d for kind, d in sampled_decisions(trace.simplified(remove_postproc=True))
-                     if kind not in self._fixed_kinds]
+        decisions = [d for kind, d in sampled_decisions(trace) if kind not in self._fixed_kinds]
         if len(decisions) != len(self._space_insts[s]):
             return None
         wanted = {k: d for (_, k), d in zip(self._space_insts[s], decisions)}

@@ -17,7 +17,7 @@ fit torchrl's environment/collector shape, and GAE plus the clipped loss are a d
   annealing has too, 50 steps).  Scoring every ``chunk`` steps rather than once at the end
   gives the same rewards, and lets an iteration cost what the search needs instead of always
   128 x 500 steps (~4x fewer steps on L8, bench/paper.py reports the overhead);
-* the rollout samples actions from a numpy copy of the policy (``numpy_policy``: torch's
+* the rollout samples actions from a numpy copy of the policy (``ActorCritic.numpy_policy``: torch's
   per-call overhead dwarfs networks this small), and the update trains on at most
   ``max_batch`` of the iteration's transitions, drawn uniformly after GAE has used them all
   (an iteration walks ~30k steps, most of them near-copies of their neighbours; 3 epochs over
@@ -62,6 +62,25 @@ class ActorCritic(nn.Module):
         h = self.shared(obs)
         logits = self.policy(h).view(*obs.shape[:-1], self.n_knobs, 3)
         return torch.distributions.Categorical(logits=logits, validate_args=False), self.value(h).squeeze(-1)
+
+    def numpy_policy(self):
+        """The policy's logits, (E, knobs, 3), as a numpy function of the observations.
+
+        The rollout's networks see 128 configs of a few dozen knobs: torch's per-call overhead
+        is ten times the arithmetic there (1.2 ms against ~0.1 ms per step), so the rollout
+        samples its actions from a numpy copy of the weights, and the log-probabilities and
+        values the update needs come from one batched torch pass afterwards."""
+        layers = [m for m in (*self.shared, *self.policy) if isinstance(m, nn.Linear)]
+        weights = [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()) for m in layers]
+
+        def logits(obs: np.ndarray) -> np.ndarray:
+            h = obs
+            for i, (w, b) in enumerate(weights):
+                h = h @ w + b
+                if i < len(weights) - 1:
+                    h = np.tanh(h)
+            return h.reshape(len(obs), self.n_knobs, 3)
+        return logits
 
 
 def gae(rewards, values, alive, gamma: float, lam: float):
@@ -123,30 +142,11 @@ class PPOAgent:
     def _obs(self, configs: np.ndarray) -> np.ndarray:
         return (configs / np.maximum(self.sizes - 1, 1)).astype(np.float32)
 
-    def numpy_policy(self):
-        """The policy network's logits, (E, knobs, 3), as a numpy function of the observations.
-
-        The rollout's networks see 128 configs of a few dozen knobs: torch's per-call overhead
-        is ten times the arithmetic there (1.2 ms against ~0.1 ms per step), so the rollout
-        samples its actions from a numpy copy of the weights, and the log-probabilities and
-        values the update needs come from one batched torch pass afterwards."""
-        layers = [m for m in (*self.net.shared, *self.net.policy) if isinstance(m, nn.Linear)]
-        weights = [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()) for m in layers]
-
-        def logits(obs: np.ndarray) -> np.ndarray:
-            h = obs
-            for i, (w, b) in enumerate(weights):
-                h = h @ w + b
-                if i < len(weights) - 1:
-                    h = np.tanh(h)
-            return h.reshape(len(obs), self.net.n_knobs, 3)
-        return logits
-
     def _rollout(self, init: np.ndarray, max_steps: int, reward_fn):
         """Step all episodes together, scoring the states reached with the cost model every
         ``chunk`` steps; returns per-step arrays shaped (T, E, ...): observation, action, state
         reached, whether the episode was live, raw reward."""
-        policy = self.numpy_policy()
+        policy = self.net.numpy_policy()
         cfg, still = init.copy(), np.zeros(len(init), dtype=np.int64)
         alive = np.ones(len(init), dtype=bool)
         best = np.full(len(init), -np.inf)
