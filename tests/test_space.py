@@ -77,14 +77,21 @@ def test_repaired_decision_is_reported_invalid(target):
     assert sp.decode(config)[0] is not None
 
 
-def test_location_index_is_clipped_to_valid_locations(conv_space):
+def test_location_knob_holds_tvms_decision_and_settles_on_a_valid_one(conv_space):
     k = next(i for i, kn in enumerate(conv_space.knobs) if kn.kind == LOCATION)
+    assert conv_space.knobs[k].values[:2] == [-2, -1]           # inline, root, then loop positions
     rng = np.random.default_rng(5)
+    settled = 0
     for c in conv_space.random(20, rng):
-        c[k] = conv_space.sizes[k] - 1
+        c[k] = conv_space.sizes[k] - 1                           # the innermost position
         sch, _, canon = conv_space.decode(c)
         assert sch is not None and canon[k] <= c[k]
+        settled += canon[k] < c[k]
+        got = [d for kind, d in sampled_decisions(sch.trace) if kind == "SampleComputeLocation"]
+        assert conv_space.knobs[k].values[canon[k]] in got
         assert (conv_space.encode(sch.trace) == canon).all()
+        assert str(conv_space.decode(canon)[0].mod) == str(sch.mod)
+    assert settled > 0          # the innermost loop is not always a valid location
 
 
 def test_deterministic_under_seed(target):

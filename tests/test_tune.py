@@ -72,6 +72,22 @@ def test_resume_recovers_records_only_in_tvm_database(tmp_path, target):
     assert len(_records(tmp_path)) == 4
 
 
+def test_resume_of_an_older_knob_encoding_rebuilds_records_from_tvm_database(tmp_path, target, caplog):
+    tune_tir(DENSE.mod(), target, strategy="random", trials=4, batch_size=4, work_dir=tmp_path, seed=4)
+    meta = json.loads((tmp_path / "adaptune.json").read_text())
+    old = dict(meta, knob_sizes=[s + 1 for s in meta["knob_sizes"]])      # what encoding 1 wrote
+    del old["knob_encoding"]
+    (tmp_path / "adaptune.json").write_text(json.dumps(old))
+    before = {tuple(r["config"]) for r in _records(tmp_path)}
+    with caplog.at_level(logging.WARNING, logger="adaptune"):
+        res = tune_tir(DENSE.mod(), target, strategy="random", trials=4, work_dir=tmp_path, resume=True, seed=4)
+    assert "older encoding" in caplog.text
+    assert res.new_trials == 0 and res.trials == 4
+    assert {tuple(r["config"]) for r in _records(tmp_path)} == before
+    assert (tmp_path / "adaptune_records.v1.jsonl").exists()
+    assert json.loads((tmp_path / "adaptune.json").read_text())["knob_encoding"] == meta["knob_encoding"]
+
+
 class _Injecting(Measurer):
     """Swaps two candidates of the first batch for a segfaulting and a hanging kernel."""
 

@@ -27,6 +27,7 @@ log = logging.getLogger("adaptune")
 
 RECORDS = "adaptune_records.jsonl"
 META = "adaptune.json"
+KNOB_ENCODING = 2      # 2: compute-location knobs hold TVM's raw decision (1: an index into the valid ones)
 TVM_FILES = ("database_workload.json", "database_tuning_record.json")
 
 
@@ -80,11 +81,15 @@ class RecordStore:
         self.records_path = sub / (f"{name}.jsonl" if name else RECORDS)
         meta_path = sub / (f"{name}.json" if name else META)
         meta = {"workload": label or "main", "target": str(space.target),
-                "workload_hash": str(tvm_ffi.structural_hash(space.mod)), "knob_sizes": space.sizes.tolist()}
+                "workload_hash": str(tvm_ffi.structural_hash(space.mod)), "knob_sizes": space.sizes.tolist(),
+                "knob_encoding": KNOB_ENCODING}
         if name is None:
             check_work_dir(self.dir, resume and self.dir.exists())  # API: resuming a new dir starts it
         if meta_path.exists() or self.records_path.exists():
             old = json.loads(meta_path.read_text()) if meta_path.exists() else meta
+            if old.get("knob_encoding", 1) != KNOB_ENCODING and self.records_path.exists():
+                self._set_aside_old_encoding(old)
+                old["knob_sizes"] = meta["knob_sizes"]
             for key in ("workload_hash", "target", "knob_sizes"):
                 if old.get(key) != meta[key]:
                     raise WorkDirError(f"work dir {self.dir} holds another {key.replace('_', ' ')} "
@@ -99,6 +104,15 @@ class RecordStore:
         self.order: list[tuple] = []
         self._load()
         self._file = open(self.records_path, "a", encoding="utf-8")
+
+    def _set_aside_old_encoding(self, old: dict) -> None:
+        """Knob vectors written by an older encoding cannot be read as today's: keep the file
+        beside (nothing is deleted) and rebuild the records from TVM's database, whose traces
+        re-encode.  Failed candidates are only in the old file, so they may be measured again."""
+        kept = self.records_path.with_suffix(f".v{old.get('knob_encoding', 1)}.jsonl")
+        os.replace(self.records_path, kept)
+        log.warning("%s: knob vectors of an older encoding moved to %s; records rebuilt from TVM's "
+                    "database", self.records_path, kept.name)
 
     def _load(self) -> None:
         path = self.records_path

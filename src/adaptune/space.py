@@ -7,8 +7,11 @@ picks the design space, so search strategies work on plain ``int64`` vectors:
 * ``SamplePerfectTile`` -> index into all ordered factorizations of the loop extent whose innermost
   factor respects ``max_innermost_factor`` (exactly the set TVM samples from);
 * ``SampleCategorical`` -> index into its candidates;
-* ``SampleComputeLocation`` -> index into the locations valid in the design space (probed once,
-  since no TVM API lists them).
+* ``SampleComputeLocation`` -> the raw decision, a loop position of the consumer (-2 inline, -1
+  root, 0.. outermost first).  TVM settles a position that is not a valid location on the nearest
+  valid one outside it (the largest valid decision below), so every value decodes and no probing
+  is needed; the canonical config holds the settled position.  (Indexing the valid locations
+  instead cost one ~9 ms TVM probe per valid location on every decode: 70% of decoding.)
 
 Knobs with the same meaning in several design spaces (same kind, extent/candidates, occurrence)
 are shared, so a config is ``[space, knob_1, ..., knob_n]`` with the knobs a space does not use
@@ -27,7 +30,6 @@ import numpy as np
 from ._tvm import ms, s_tir, tvm
 
 SPACE, TILE, CATEGORICAL, LOCATION = "space", "tile", "categorical", "location"
-_PROBE_MAX = 4096
 
 
 class _Repaired(Exception):
@@ -108,29 +110,6 @@ def sampled_decisions(trace) -> list[tuple[str, object]]:
     return out
 
 
-def _probe_location(sch, block, value: int) -> int:
-    """The compute location TVM settles on when asked for ``value`` (it silently takes the largest
-    valid location <= value), probed on a copy of the schedule."""
-    probe = sch.copy()
-    probe.sample_compute_location(block, decision=value)
-    return int(probe.trace.decisions[probe.trace.insts[-1]])
-
-
-def valid_locations(sch, block) -> list[int]:
-    """Valid compute locations of ``block`` in the current schedule, ascending (-2 inline, -1 root).
-
-    No TVM API lists them; walking down from the largest costs one probe (a schedule copy, a few
-    ms) per valid location."""
-    found, value = [], _PROBE_MAX
-    while value >= -1:
-        got = _probe_location(sch, block, value)
-        found.append(got)
-        value = got - 1
-    if _probe_location(sch, block, -2) == -2:
-        found.append(-2)
-    return sorted(set(found))
-
-
 def _simplified(trace):
     """The trace without dead instructions.  MetaSchedule's own search stores its records' traces
     simplified, so traces are compared with design spaces in this form."""
@@ -179,7 +158,6 @@ class KnobSpace:
         self._space_insts: list[list[tuple[object, int]]] = []   # per space: (instruction, knob index)
         self._fixed_kinds: set[str] = set()
         self._cache: dict[tuple, tuple] = {}
-        self._loc_cache: dict[tuple, list[int]] = {}
         self._build_knobs()
         self.sizes = np.array([k.size for k in self.knobs], dtype=np.int64)
         self.active = np.zeros((len(self.traces), len(self.knobs)), dtype=bool)
@@ -205,7 +183,7 @@ class KnobSpace:
                 elif kind == "SampleCategorical":
                     sig = (CATEGORICAL, tuple(int(c) for c in inst.attrs[0]))
                 elif kind == "SampleComputeLocation":
-                    sig = (LOCATION, self._location_count(trace, inst))
+                    sig = (LOCATION, self._loop_count(trace, inst))
                 else:   # a sampling kind we do not model keeps the design space's decision
                     self._fixed_kinds.add(kind)
                     continue
@@ -225,30 +203,21 @@ class KnobSpace:
             return Knob(TILE, f"k{i}:tile{extent}/{n}", list(perfect_tilings(extent, n, max_inner)), extent)
         if sig[0] == CATEGORICAL:
             return Knob(CATEGORICAL, f"k{i}:cat{list(sig[1])}", list(sig[1]))
-        return Knob(LOCATION, f"k{i}:loc", list(range(sig[1])))
+        return Knob(LOCATION, f"k{i}:loc", list(range(-2, sig[1])))
 
-    def _location_count(self, trace, inst) -> int:
-        """Domain size of a compute-location knob: the most valid locations seen at the design
-        space's own tiling and 16 random tilings (which locations are valid depends on the tiling;
-        an index past the end of the valid list is clipped to the last one)."""
-        rng = np.random.default_rng(self.seed)
-        count = 1
-        for attempt in range(17):
-            def provider(i, inputs, attrs, decision):
-                nonlocal count
-                if i.same_as(inst):
-                    count = max(count, len(valid_locations(sch, inputs[0])))
-                    return decision
-                if attempt and i.kind.name == "SamplePerfectTile":
-                    n, max_inner = int(attrs[0]), int(attrs[1])
-                    choices = perfect_tilings(math.prod(int(x) for x in decision), n, max_inner)
-                    return list(choices[rng.integers(len(choices))])
-                return decision
-            sch = s_tir.Schedule(self.mod, seed=1, debug_mask="none")
-            try:
-                trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
-            except Exception:  # noqa: BLE001 - a random tiling TVM refuses teaches us nothing
-                continue
+    def _loop_count(self, trace, inst) -> int:
+        """Loops around the first consumer of a compute-location block: the positions it can be
+        computed at.  Tiling splits keep unit loops, so the count does not depend on the tiling."""
+        count = 0
+
+        def provider(i, inputs, _attrs, decision):
+            nonlocal count
+            if i.same_as(inst):
+                consumers = sch.get_consumers(inputs[0])
+                count = len(sch.get_loops(consumers[0])) if consumers else 0
+            return decision
+        sch = s_tir.Schedule(self.mod, seed=1, debug_mask="none")
+        trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
         return count
 
     # -- vectors ------------------------------------------------------------------------------------
@@ -320,50 +289,38 @@ class KnobSpace:
 
     # -- schedules ----------------------------------------------------------------------------------
     def _replay(self, s: int, choose) -> tuple["s_tir.Schedule", dict]:
-        """Replay design space ``s``; ``choose(knob_index, knob, valid_locations)`` gives each decision.
+        """Replay design space ``s``; ``choose(knob_index, knob)`` gives each decision.
 
-        A location knob indexes the locations valid at the tiling chosen before it, so the
-        valid list is computed mid-replay.  Returns the schedule and the knob indices used."""
+        Returns the schedule and, per knob, the index of the decision TVM took: a location may
+        settle on another loop (canonicalisation), any other repaired decision raises _Repaired."""
         sch = s_tir.Schedule(self.mod, seed=max(self.seed, 1), debug_mask="none")
         knob_of = dict(self._space_insts[s])
-        used: dict[int, int] = {}
         asked: dict[int, object] = {}
 
-        def provider(inst, inputs, attrs, decision):
+        def provider(inst, _inputs, _attrs, decision):
             k = knob_of.get(inst)
             if k is None:
                 return decision
-            knob = self.knobs[k]
-            valid = self._locations_at(s, sch, inputs[0]) if knob.kind == LOCATION else None
-            used[k], value = choose(k, knob, valid, decision)
-            asked[k] = value
-            return value
+            asked[k] = choose(k, self.knobs[k])
+            return asked[k]
 
         self.traces[s].apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
         got = [d for kind, d in sampled_decisions(sch.trace) if kind not in self._fixed_kinds]
-        want = [asked[k] for _, k in self._space_insts[s]]
-        if [tuple(w) if isinstance(w, list) else w for w in want] != got:
-            raise _Repaired()
+        used: dict[int, int] = {}
+        for (_, k), d in zip(self._space_insts[s], got):
+            knob, want = self.knobs[k], asked[k]
+            if knob.kind != LOCATION and (tuple(want) if isinstance(want, list) else want) != d:
+                raise _Repaired()
+            used[k] = knob.index_of(d)
         return sch, used
-
-    def _locations_at(self, s: int, sch, block) -> list[int]:
-        """Valid locations at the current tiling, cached by the consumer's loop extents.
-
-        Queried on a copy: schedule queries are traced and would change the replayed trace."""
-        probe = sch.copy()
-        loops = probe.get_loops(probe.get_consumers(block)[0])
-        key = (s, str(probe.get(block).name_hint), tuple(int(probe.get(lp).extent) for lp in loops))
-        if key not in self._loc_cache:
-            self._loc_cache[key] = valid_locations(sch, block)
-        return self._loc_cache[key]
 
     def decode(self, config) -> tuple["s_tir.Schedule | None", str, np.ndarray]:
         """Replay the config's design space with its decisions and run the postprocessors.
 
         Returns ``(schedule, "ok", canonical_config)`` or ``(None, reason, canonical_config)`` for a
-        config TVM rejects or repairs, or a postprocessor refuses.  The canonical config has
-        location indices clipped to the locations that exist, so two configs that give the same
-        schedule have the same canonical form."""
+        config TVM rejects or repairs, or a postprocessor refuses.  The canonical config holds the
+        compute locations TVM settled on, so two configs that give the same schedule have the same
+        canonical form."""
         key = tuple(int(x) for x in self.canonical(config)[0])
         hit = self._cache.get(key)
         if hit is None:
@@ -373,11 +330,8 @@ class KnobSpace:
         return hit
 
     def _decode(self, config: tuple) -> tuple:
-        def choose(k, knob, valid, _decision):
-            if knob.kind == LOCATION:
-                i = min(config[k], len(valid) - 1)
-                return i, valid[i]
-            return config[k], knob.decision(config[k])
+        def choose(k, knob):
+            return knob.decision(config[k])
 
         canon = np.array(config, dtype=np.int64)
         try:
@@ -413,10 +367,9 @@ class KnobSpace:
             return None
         wanted = {k: d for (_, k), d in zip(self._space_insts[s], decisions)}
 
-        def choose(k, knob, valid, _decision):
-            d = wanted[k]
-            i = valid.index(d) if knob.kind == LOCATION else knob.index_of(d)
-            return i, (list(d) if knob.kind == TILE else d)
+        def choose(k, knob):
+            knob.index_of(wanted[k])        # a decision outside our domains raises
+            return list(wanted[k]) if knob.kind == TILE else wanted[k]
         try:
             _, used = self._replay(s, choose)
         except Exception:  # noqa: BLE001 - a decision outside our domains
