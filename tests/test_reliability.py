@@ -51,6 +51,17 @@ def test_cli_refuses_an_rpc_key_without_servers(rpc_farm, tmp_path, capsys):
     assert not (tmp_path / "wd").exists()
 
 
+def test_the_check_runs_the_measured_binary(target):
+    """The checker loads the file the runner timed; a wrong binary fails even beside a right module."""
+    from adaptune._build import build_export
+    from adaptune.verify import KernelChecker
+    checker = KernelChecker(DENSE.mod(), target)
+    right, wrong = build_export(DENSE.mod(), target), build_export(faults.wrong_kernel(DENSE.mod()), target)
+    assert checker.check(DENSE.mod(), right) == (True, "")
+    assert checker.check(DENSE.mod(), wrong)[0] is False
+    assert checker.check(faults.wrong_kernel(DENSE.mod()))[0] is False      # no file: compiled here
+
+
 def test_a_fast_wrong_kernel_is_rejected_and_never_reaches_the_database(tmp_path, target):
     with faults.wrong_first_candidate(DENSE.mod()) as injected:
         res = tune_tir(DENSE.mod(), target, strategy="sa", trials=6, batch_size=3, work_dir=tmp_path, seed=2)

@@ -27,6 +27,8 @@ class MeasureResult:
     error: str                      # OK or one of the error kinds
     run_secs: list[float] = field(default_factory=list)
     message: str = ""
+    artifact: str | None = field(default=None, compare=False, repr=False)   # the built kernel, while
+    #                                                     on_result runs (local runs): checks reuse it
 
     @property
     def ok(self) -> bool:
@@ -157,7 +159,8 @@ class Measurer:
 
     def measure(self, mods: Sequence["tvm.IRModule"],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
-        """Measure scheduled modules; ``on_result(i, result)`` fires as soon as each is known."""
+        """Measure scheduled modules; ``on_result(i, result)`` fires as soon as each is known (the
+        built kernel's file is still there then; it is removed afterwards)."""
         results: list[MeasureResult | None] = [None] * len(mods)
 
         def done(i: int, res: MeasureResult) -> None:
@@ -189,10 +192,11 @@ class Measurer:
                 if r.error_msg is not None:
                     res = MeasureResult(_classify(r.error_msg), message=_short(r.error_msg))
                 else:
-                    res = MeasureResult(OK, [float(x) for x in r.run_secs])
+                    res = MeasureResult(OK, [float(x) for x in r.run_secs], artifact=None if self.rpc else path)
             except Exception as e:  # noqa: BLE001
                 res = MeasureResult(_classify(f"{type(e).__name__}: {e}"), message=_short(f"{type(e).__name__}: {e}"))
             done(i, res)
+            res.artifact = None
             try:
                 ms.utils.remove_build_dir(path)
             except Exception:  # noqa: BLE001 - a left-over temp dir is harmless

@@ -109,7 +109,7 @@ class TuneResult:
     failures: dict[str, int]
     wall_time: float
     history: list[tuple[int, float, float | None]] = field(default_factory=list)  # (trial, elapsed s, best so far)
-    overhead: float = 0.0               # seconds spent outside build+run (search, decode, model)
+    overhead: float = 0.0               # seconds outside build+run (search, decode, model, checks, records)
     setup_time: float = 0.0             # of which one-off: design spaces, knobs, reference kernel
     work_dir: str | None = None
     last_error: str = ""                # the latest failure's kind and message
@@ -136,6 +136,11 @@ class TaskTuner:
         self.store = RecordStore(space=self.space, label=label, **store_args) if store_args else None
         self.on_result = on_result
         self.checker = KernelChecker(mod, self.space.target, seed=seed) if verify else None
+        if self.checker is not None:    # one-off, so part of setup rather than of an iteration
+            try:
+                self.checker.reference()
+            except Exception:  # noqa: BLE001 - the first check meets the same error and reports it
+                pass
         self.schedules: dict[tuple, object] = {}
         self.failures: dict[str, int] = {}
         self.history: list[tuple[int, float, float | None]] = []
@@ -167,8 +172,11 @@ class TaskTuner:
             self.exhausted = True
             return 0
         tm = time.perf_counter()
+        bookkeeping = 0.0       # checking and recording results: overhead, not measurement
 
         def on_result(i: int, res: MeasureResult) -> None:
+            nonlocal bookkeeping
+            t = time.perf_counter()
             config, sch = batch[i]
             res = self._verified(sch, res)
             if self.store is not None:
@@ -182,9 +190,10 @@ class TaskTuner:
             self.history.append((self.trials, time.perf_counter() - self.t0, self.state.best_latency))
             if self.on_result is not None:
                 self.on_result(self)
+            bookkeeping += time.perf_counter() - t
 
         results = self.measurer.measure([sch.mod for _, sch in batch], on_result=on_result)
-        self.measure_time += time.perf_counter() - tm
+        self.measure_time += time.perf_counter() - tm - bookkeeping
         self.state.refit()
         self.strategy.update(np.array([c for c, _ in batch]), [r.latency for r in results])
         return len(batch)
@@ -195,7 +204,7 @@ class TaskTuner:
         if self.checker is None or not res.ok or (best is not None and res.latency >= best):
             return res
         try:
-            ok, why = self.checker.check(sch.mod)
+            ok, why = self.checker.check(sch.mod, res.artifact)
         except Exception as e:  # noqa: BLE001 - a kernel we cannot re-run is not trusted either
             ok, why = False, f"could not be re-run for checking: {type(e).__name__}: {e}"
         if ok is False:

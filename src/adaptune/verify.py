@@ -27,22 +27,28 @@ class KernelChecker:
                      for s, d in self.sig]
         self._expected: list[np.ndarray] | None = None
 
-    def _run(self, mod) -> list[np.ndarray]:
+    def reference(self) -> list[np.ndarray]:
+        """The untuned kernel's outputs (computed once, ~0.5-1 s)."""
+        if self._expected is None:
+            self._expected = self._run(self.mod)
+        return self._expected
+
+    def _run(self, mod, artifact: str | None = None) -> list[np.ndarray]:
         dev = tvm.cpu()
-        ex = tvm.compile(mod, target=self.target)
+        ex = tvm.runtime.load_module(artifact) if artifact else tvm.compile(mod, target=self.target)
         bufs = [tvm.runtime.tensor(a.copy(), dev) for a in self.args]
         ex["main"](*bufs)
         return [b.numpy() for b in bufs]
 
-    def check(self, mod) -> tuple[bool | None, str]:
+    def check(self, mod, artifact: str | None = None) -> tuple[bool | None, str]:
         """(True, "") if ``mod`` computes what the untuned kernel computes; (False, why) if not;
-        (None, why) when it cannot be compared (another argument layout)."""
+        (None, why) when it cannot be compared (another argument layout).  ``artifact``: the
+        measured kernel's built file, run as is (the very binary that was timed, and no second
+        compile, which costs ~0.3 s)."""
         if signature(mod) != self.sig:
             return None, "argument layout differs from the untuned kernel"
-        if self._expected is None:
-            self._expected = self._run(self.mod)
-        got = self._run(mod)
-        for i, (g, w) in enumerate(zip(got, self._expected)):
+        got = self._run(mod, artifact)
+        for i, (g, w) in enumerate(zip(got, self.reference())):
             scale = max(float(np.abs(w).max()), 1e-6) if w.size else 1.0
             if g.shape != w.shape or (w.size and float(np.abs(g.astype(np.float64) - w).max()) > self.rtol * scale):
                 return False, f"argument {i} differs from the untuned kernel's result"
