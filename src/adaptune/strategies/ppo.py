@@ -193,14 +193,18 @@ class PPOAgent:
         std = np.zeros_like(rewards, dtype=np.float32)
         std[alive] = (raw - raw.mean()) / (raw.std() + 1e-8)
         obs, act, alive = torch.from_numpy(obs), torch.from_numpy(act), torch.from_numpy(alive)
+        live = torch.nonzero(alive.flatten()).squeeze(1)                 # episodes end at different steps
+        obs, act = obs.flatten(0, 1)[live], act.flatten(0, 1)[live]
+        val = torch.zeros(alive.numel())
         with torch.no_grad():                                            # the rollout's log-probs and values
-            dist, val = self.net(obs)
+            dist, val[live] = self.net(obs)
             logp = dist.log_prob(act).sum(-1)
-        adv, ret = gae(torch.from_numpy(std), val, alive, self.gamma, self.lam)
-        keep = torch.nonzero(alive.flatten()).squeeze(1)
+        adv, ret = gae(torch.from_numpy(std), val.view(alive.shape), alive, self.gamma, self.lam)
+        adv, ret = adv.flatten()[live], ret.flatten()[live]
+        keep = torch.arange(len(live))
         if len(keep) > self.max_batch:     # neighbouring steps of an episode are near-duplicates
             keep = keep[torch.randperm(len(keep), generator=self.gen)[: self.max_batch]]
-        b_obs, b_act, b_logp, b_adv, b_ret = (x.flatten(0, 1)[keep] for x in (obs, act, logp, adv, ret))
+        b_obs, b_act, b_logp, b_adv, b_ret = (x[keep] for x in (obs, act, logp, adv, ret))
 
         def evaluate(idx):
             dist, value = self.net(b_obs[idx])
