@@ -17,6 +17,7 @@ from ._tvm import ms, tvm
 from ._build import build_export
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind  # noqa: E402 - after _tvm's import setup
 from .target import device_type
+from .verify import arg_shapes, signature
 
 OK, BUILD_ERROR, RUN_ERROR, TIMEOUT, CRASH = "ok", "build", "run", "timeout", "crash"
 WRONG = "wrong"     # ran, but its output differs from the untuned kernel's (see verify.py)
@@ -27,8 +28,9 @@ class MeasureResult:
     error: str                      # OK or one of the error kinds
     run_secs: list[float] = field(default_factory=list)
     message: str = ""
-    artifact: str | None = field(default=None, compare=False, repr=False)   # the built kernel, while
-    #                                                     on_result runs (local runs): checks reuse it
+    # while on_result runs (local runs): the built kernel, if it takes the PrimFunc's own arguments
+    # (checks run it; with weights in a rewritten layout it takes others, and checks compile instead)
+    artifact: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -180,10 +182,12 @@ class Measurer:
                 continue
             try:
                 args = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)
-                pending.append((i, b.artifact_path, ms.runner.RunnerInput(b.artifact_path, device_type(self.target), args)))
+                reusable = self.rpc is None and arg_shapes(args) == signature(mod)
+                pending.append((i, b.artifact_path, reusable,
+                                ms.runner.RunnerInput(b.artifact_path, device_type(self.target), args)))
             except Exception as e:  # noqa: BLE001
                 done(i, MeasureResult(BUILD_ERROR, message=_short(str(e))))
-        for i, path, runner_input in pending:   # one at a time, so each result is saved at once
+        for i, path, reusable, runner_input in pending:   # one at a time, so each result is saved at once
             if self.rpc is not None:
                 # TVM's RPC runner waits forever for a server that is gone: stop with RPCError instead
                 self.rpc.check()
@@ -192,7 +196,7 @@ class Measurer:
                 if r.error_msg is not None:
                     res = MeasureResult(_classify(r.error_msg), message=_short(r.error_msg))
                 else:
-                    res = MeasureResult(OK, [float(x) for x in r.run_secs], artifact=None if self.rpc else path)
+                    res = MeasureResult(OK, [float(x) for x in r.run_secs], artifact=path if reusable else None)
             except Exception as e:  # noqa: BLE001
                 res = MeasureResult(_classify(f"{type(e).__name__}: {e}"), message=_short(f"{type(e).__name__}: {e}"))
             done(i, res)

@@ -13,15 +13,14 @@ import numpy as np
 from ._tvm import ms, tvm
 
 
+def arg_shapes(arg_infos) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of each of MetaSchedule's ``ArgInfo``s."""
+    return [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in arg_infos]
+
+
 def signature(mod) -> list[tuple[tuple[int, ...], str]]:
     """(shape, dtype) of each argument of ``mod``'s main PrimFunc."""
-    return [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])]
-
-
-def _timed_signature(mod) -> list[tuple[tuple[int, ...], str]]:
-    """(shape, dtype) of each argument the measured binary takes (layout-rewrite blocks removed)."""
-    return [(tuple(int(d) for d in a.shape), str(a.dtype))
-            for a in ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)]
+    return arg_shapes(ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
 
 
 class KernelChecker:
@@ -49,12 +48,10 @@ class KernelChecker:
     def check(self, mod, artifact: str | None = None) -> tuple[bool | None, str]:
         """(True, "") if ``mod`` computes what the untuned kernel computes; (False, why) if not;
         (None, why) when it cannot be compared (another argument layout).  ``artifact``: the
-        measured kernel's built file, run as is (the very binary that was timed, and no second
-        compile, which costs ~0.3 s)."""
+        measured kernel's built file taking ``mod``'s own arguments (``MeasureResult.artifact``),
+        run as is: the very binary that was timed, and no second compile (~0.3 s)."""
         if signature(mod) != self.sig:
             return None, "argument layout differs from the untuned kernel"
-        if artifact and _timed_signature(mod) != self.sig:
-            artifact = None     # weights in a rewritten layout: the timed binary takes other shapes
         got = self._run(mod, artifact)
         for i, (g, w) in enumerate(zip(got, self.reference())):
             scale = max(float(np.abs(w).max()), 1e-6) if w.size else 1.0
