@@ -96,6 +96,20 @@ def perfect_tilings(extent: int, n: int, max_innermost_factor: int) -> tuple[tup
     return tuple(out)
 
 
+def row_keys(configs: np.ndarray) -> np.ndarray:
+    """Each int64 row as one opaque value, so rows can be compared, sorted and looked up in bulk
+    (``np.unique(axis=0)`` sorts lexicographically column by column: ~6x slower on 30k configs)."""
+    a = np.ascontiguousarray(configs, dtype=np.int64)
+    return a.view(np.dtype((np.void, 8 * a.shape[1]))).ravel()
+
+
+def distinct(configs: np.ndarray) -> np.ndarray:
+    """The distinct rows of ``configs`` in first-seen order."""
+    configs = np.asarray(configs, dtype=np.int64)
+    _, first = np.unique(row_keys(configs), return_index=True)
+    return configs[np.sort(first)]
+
+
 def _decision_value(d):
     return tuple(int(x) for x in d) if hasattr(d, "__len__") else int(d)
 

@@ -15,7 +15,7 @@ import numpy as np
 from .cost_model import CostModel
 from .database import RecordStore
 from .measure import WRONG, Measurer, MeasureResult
-from .space import KnobSpace
+from .space import KnobSpace, distinct, row_keys
 from .strategies import Strategy, make_strategy
 from .target import parse_target
 from .verify import KernelChecker
@@ -39,12 +39,11 @@ class TuneState:
 
     def unmeasured(self, configs: np.ndarray) -> np.ndarray:
         """Rows of ``configs`` (canonicalised, deduplicated, first-seen order) not measured or invalid."""
-        canon = self.space.canonical(configs)
-        _, first = np.unique(canon, axis=0, return_index=True)
-        canon = canon[np.sort(first)]
+        canon = distinct(self.space.canonical(configs))
         seen = self.measured_keys()
-        keep = [tuple(row) not in seen for row in canon.tolist()]
-        return canon[np.array(keep, dtype=bool)] if len(canon) else canon
+        if not seen or not len(canon):
+            return canon
+        return canon[~np.isin(row_keys(canon), row_keys(np.array(list(seen), dtype=np.int64)))]
 
     def best(self, k: int = 1) -> np.ndarray:
         """The ``k`` fastest measured configs."""
