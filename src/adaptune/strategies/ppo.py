@@ -202,15 +202,16 @@ class PPOAgent:
         live = torch.nonzero(alive.flatten()).squeeze(1)                 # episodes end at different steps
         obs, act = obs.flatten(0, 1)[live], act.flatten(0, 1)[live]
         val = torch.zeros(alive.numel())
-        with torch.no_grad():                                            # the rollout's log-probs and values
-            dist, val[live] = self.net(obs)
-            logp = dist.log_prob(act).sum(-1)
+        with torch.no_grad():                                            # GAE needs every live step's value
+            val[live] = self.net.value(self.net.shared(obs)).squeeze(-1)
         adv, ret = gae(torch.from_numpy(std), val.view(alive.shape), alive, self.gamma, self.lam)
         adv, ret = adv.flatten()[live], ret.flatten()[live]
         keep = torch.arange(len(live))
         if len(keep) > self.max_batch:     # neighbouring steps of an episode are near-duplicates
             keep = keep[torch.randperm(len(keep), generator=self.gen)[: self.max_batch]]
-        b_obs, b_act, b_logp, b_adv, b_ret = (x[keep] for x in (obs, act, logp, adv, ret))
+        b_obs, b_act, b_adv, b_ret = (x[keep] for x in (obs, act, adv, ret))
+        with torch.no_grad():                                            # the update needs only its batch's
+            b_logp = self.net(b_obs)[0].log_prob(b_act).sum(-1)          # log-probs under the rollout policy
 
         def evaluate(idx):
             dist, value = self.net(b_obs[idx])
