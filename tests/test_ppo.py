@@ -47,6 +47,6 @@ def test_the_rollouts_numpy_policy_is_the_torch_policy():
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     with torch.no_grad():
-        want = agent.net(torch.from_numpy(obs))[0].probs.numpy()
+        want = agent.net(torch.from_numpy(obs))[0].exp().numpy()
     assert probs.shape == want.shape == (16, 4, 3)
     assert np.allclose(probs, want, atol=1e-5)

