@@ -45,6 +45,10 @@ class Run:
     def time_to(self, latency: float) -> float | None:
         return next((s for _, s, b in self.curve if b is not None and b <= latency * (1 + 1e-9)), None)
 
+    def best_at(self, trials: int) -> float | None:
+        """Best latency after the first ``trials`` measurements (None if none succeeded)."""
+        return next((b for t, _, b in reversed(self.curve) if t <= trials), None)
+
 
 def geomean(xs):
     """Geometric mean of the positive finite values (nan if none)."""
