@@ -10,8 +10,8 @@ on the paper's layers L1-L8, same budget, same build function and runner, one ru
 Writes one PNG per layer (best GFLOPS against measurements and against wall time, like the paper's
 Fig. 9/12-14) to --out, and prints: per strategy and layer, measurements and wall time to reach
 MetaSchedule evolutionary's final best, the best after half the budget and the final latency
-relative to it, search overhead per iteration; geometric means; and the component figures (Fig. 7a steps to converge SA vs RL,
-Fig. 7b measurements with vs without adaptive sampling).  Every best kernel is checked against
+relative to it, search overhead per iteration; geometric means; and the component figures
+(Fig. 7a steps to converge SA vs RL, Fig. 7b measurements with vs without adaptive sampling).  Every best kernel is checked against
 numpy before its numbers are printed.
 """
 from __future__ import annotations
