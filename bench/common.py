@@ -16,7 +16,8 @@ from adaptune import tune_tir
 from adaptune._build import fast_build
 from adaptune._tvm import ms
 from adaptune.cli import check_numerics
-from adaptune.measure import Measurer
+from adaptune.database import RECORDS
+from adaptune.measure import MeasureResult, Measurer
 from adaptune.strategies import make_strategy
 
 
@@ -80,19 +81,42 @@ def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30
                      builder=ms.builder.LocalBuilder(f_build=fast_build, timeout_sec=timeout),
                      runner=m.runner, strategy="evolutionary", cost_model="xgb", seed=seed)
     wall = time.perf_counter() - t0
-    # the record file is appended as candidates are measured: its order is the measurement order
-    curve, best = [], None
-    lines = (wd / "database_tuning_record.json").read_text().splitlines()
-    for i, ln in enumerate(lines, 1):
-        secs = [float(x) for x in json.loads(ln)[1][1] or []]
-        lat = float(np.median(secs)) if secs and max(secs) < 1e9 else None
-        if lat is not None and (best is None or lat < best):
-            best = lat
-        curve.append((i, wall * i / len(lines), best))    # MS gives no per-record time: spread evenly
+    curve = ms_curve(wd, wall)
+    best = curve[-1][2]
     sch = ms.tir_integration.compile_tir(db, wl.mod(), target)
     ok, _ = check_numerics(wl, sch, target)
     search, iters = ms_search_seconds(wd / "logs" / "tvm.s_tir.meta_schedule.logging.task_scheduler.log")
     return Run("ms-evolutionary", wl.label, curve, best, wall, search, iters or -(-trials // batch), ok)
+
+
+def _curve(latencies, times) -> list:
+    """(trials, elapsed s, best so far) after each measurement."""
+    curve, best = [], None
+    for i, (lat, t) in enumerate(zip(latencies, times), 1):
+        if lat is not None and (best is None or lat < best):
+            best = lat
+        curve.append((i, t, best))
+    return curve
+
+
+def ms_curve(wd: Path, wall: float) -> list:
+    """MetaSchedule's convergence curve from its record file, which is appended as candidates are
+    measured (its order is the measurement order); MS keeps no per-record time, so ``wall`` is
+    spread evenly."""
+    lines = (wd / "database_tuning_record.json").read_text().splitlines()
+    lats = []
+    for ln in lines:
+        secs = [float(x) for x in json.loads(ln)[1][1] or []]
+        lats.append(float(np.median(secs)) if secs and max(secs) < 1e9 else None)
+    return _curve(lats, [wall * i / len(lines) for i in range(1, len(lines) + 1)])
+
+
+def adaptune_curve(wd: Path) -> list:
+    """Our convergence curve from a work dir's ``adaptune_records.jsonl`` (one line per measured
+    candidate, in measurement order; elapsed time from the first record's timestamp)."""
+    rows = [json.loads(ln) for ln in (wd / RECORDS).read_text().splitlines() if ln.strip()]
+    lats = [MeasureResult(r["error"], r["run_secs"]).latency for r in rows]
+    return _curve(lats, [r["time"] - rows[0]["time"] for r in rows])
 
 
 def ms_search_seconds(log: Path) -> tuple[float, int]:
