@@ -6,6 +6,7 @@ on the paper's layers L1-L8, same budget, same build function and runner, one ru
     python bench/paper.py --quick --layers L2 L8
     python bench/paper.py --strategies rl+as --layers L2 L6   # a subset; ms-evolutionary always runs
     python bench/paper.py --strategies rl+as --seeds 3        # everything three times (seeds 0, 1, 2)
+    python bench/paper.py --target '{"kind": "llvm", "mcpu": "haswell"}'   # AVX2 code on this host
 
 Writes one PNG per layer (best GFLOPS against measurements and against wall time, like the paper's
 Fig. 9/12-14) to --out, and prints: per strategy and layer, measurements and wall time to reach
@@ -30,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from common import geomean, run_adaptune, run_ms_evolutionary  # noqa: E402
 
-from adaptune.target import host_target  # noqa: E402
+from adaptune.target import parse_target  # noqa: E402
 from adaptune.workloads import get_workload  # noqa: E402
 
 STRATEGIES = ["sa", "rl", "sa+as", "rl+as", "random"]
@@ -127,13 +128,15 @@ def main() -> None:
     ap.add_argument("--out", default="bench/out/paper")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1, help="repeat everything with seeds --seed, --seed+1, ...")
+    ap.add_argument("--target", default=None,
+                    help="target as JSON (default: this host's CPU); an older mcpu runs that ISA's code here")
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES,
                     help="adaptune strategies to run (default: all five)")
     args = ap.parse_args()
     trials = args.trials or (64 if args.quick else 256)
     batch = 16 if trials <= 64 else 64
     logging.getLogger("tvm").setLevel(logging.WARNING)
-    target = host_target()
+    target = parse_target(args.target)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"target {target}; {trials} trials per layer, {batch} per iteration", flush=True)
