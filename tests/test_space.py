@@ -129,3 +129,25 @@ def test_prior_samples_are_valid_configs_from_tvms_sampler(conv_space):
     uniform = conv_space.random(400, np.random.default_rng(0))
     biggest = [max(conv_space.knobs[k].values[row[k]]) for row in prior if conv_space.active[row[0], k]]
     assert np.mean(biggest) < np.mean([max(conv_space.knobs[k].values[i]) for i in uniform[:, k]])
+
+
+def test_threaded_decode_gives_what_one_thread_gives(target):
+    """decode_many decodes on two threads; each row must come back as a one-thread decode gives
+    it (same validity, reason, canonical config and schedule), in the rows' order."""
+    import tvm
+
+    mod = get_workload("tiny-conv").mod()
+    threaded, serial = KnobSpace(mod, target, seed=1), KnobSpace(mod, target, seed=1)
+    threaded.decode_threads, serial.decode_threads = 2, 1
+    rng = np.random.default_rng(3)
+    configs = threaded.random(24, rng)
+    configs = np.concatenate([configs, configs[:3]])       # repeats decode once, come back in place
+    got = threaded.decode_many(configs)
+    assert threaded._pool is not None                     # the threaded path really ran
+    assert len(got) == len(configs)
+    for c, (sch, reason, canon) in zip(configs, got):
+        sch1, reason1, canon1 = serial.decode(c)
+        assert reason == reason1 and (canon == canon1).all()
+        assert (sch is None) == (sch1 is None)
+        if sch is not None:
+            tvm.ir.assert_structural_equal(sch.mod, sch1.mod)

@@ -22,6 +22,8 @@ back changed is reported invalid rather than measured as something else.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -172,6 +174,8 @@ class KnobSpace:
         self._space_insts: list[list[tuple[object, int]]] = []   # per space: (instruction, knob index)
         self._fixed_kinds: set[str] = set()
         self._cache: dict[tuple, tuple] = {}
+        self.decode_threads = min(2, os.cpu_count() or 1)
+        self._pool: ThreadPoolExecutor | None = None
         self._build_knobs()
         self.sizes = np.array([k.size for k in self.knobs], dtype=np.int64)
         self.active = np.zeros((len(self.traces), len(self.knobs)), dtype=bool)
@@ -342,6 +346,24 @@ class KnobSpace:
                 self._cache.clear()
             hit = self._cache[key] = self._decode(key)
         return hit
+
+    def decode_many(self, configs) -> list[tuple]:
+        """``decode`` for each row, in order, on ``decode_threads`` threads.
+
+        Replaying a trace and running the postprocessors is C++ work that releases the GIL
+        between the decision callbacks, so two threads decode ~1.5x faster on 2 cores.  The
+        postprocessors are shared by the threads, as MetaSchedule's own evolutionary search
+        shares them across its threads (``ThreadedTraceApply``)."""
+        rows = [tuple(int(x) for x in c) for c in self.canonical(configs)]
+        todo = [r for r in dict.fromkeys(rows) if r not in self._cache]
+        if len(todo) > 1 and self.decode_threads > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="adaptune-decode")
+            if len(self._cache) + len(todo) > 4096:
+                self._cache.clear()
+            for r, hit in zip(todo, self._pool.map(self._decode, todo)):
+                self._cache[r] = hit
+        return [self.decode(r) for r in rows]
 
     def _decode(self, config: tuple) -> tuple:
         def choose(k, knob):

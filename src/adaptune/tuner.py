@@ -68,8 +68,7 @@ class TuneState:
             if want <= 0:
                 break
             proposals = strategy.propose(want) if attempt < attempts else self.space.random(8 * want, self.rng)
-            for config in np.atleast_2d(proposals)[: want * 4]:
-                sch, reason, canon = self.space.decode(config)
+            for sch, reason, canon in self.space.decode_many(np.atleast_2d(proposals)[: want * 4]):
                 key = tuple(int(x) for x in canon)
                 if key in keys or key in self.results or key in self.invalid:
                     continue
