@@ -33,6 +33,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 from torch import nn
 
 from ..space import distinct
@@ -40,12 +41,15 @@ from ..space import distinct
 
 @contextmanager
 def one_thread():
-    """Run torch on one thread: the networks here are tiny, and a second thread only adds
-    hand-off cost (several times the work itself on a busy 2-core machine)."""
+    """Run torch and numpy's BLAS on one thread: the networks here are tiny, and a second thread
+    only adds hand-off cost.  On a busy machine it is far worse: with another process holding
+    both cores, OpenBLAS's spinning threads made one L7 ``propose`` take 0.75-31 s (mean 5.6 s)
+    instead of 0.19-0.31 s (``threadpoolctl``, scikit-learn's own dependency, sets the limit)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield
+        with threadpool_limits(1):
+            yield
     finally:
         torch.set_num_threads(before)
 
@@ -192,13 +196,15 @@ class PPOAgent:
                 break
         return tuple(np.stack(x) for x in (obs_l, act_l, next_l, alive_l, reward_l))
 
-    def explore(self, init_configs: np.ndarray, reward_fn, *, max_steps: int = 500) -> np.ndarray:
-        """Run one batch of episodes from ``init_configs``, learn from it, return every distinct
-        config reached (the candidate set S_Θ)."""
+    def explore(self, init_configs: np.ndarray, reward_fn, *, max_steps: int = 500,
+                max_batch: int | None = None) -> np.ndarray:
+        """Run one batch of episodes from ``init_configs``, learn from it (from at most
+        ``max_batch`` transitions, default the agent's), return every distinct config reached
+        (the candidate set S_Θ)."""
         with one_thread():
-            return self._explore(init_configs, reward_fn, max_steps)
+            return self._explore(init_configs, reward_fn, max_steps, max_batch or self.max_batch)
 
-    def _explore(self, init_configs, reward_fn, max_steps):
+    def _explore(self, init_configs, reward_fn, max_steps, max_batch):
         init = np.asarray(init_configs, dtype=np.int64)
         obs, act, nxt, alive, rewards = self._rollout(init, max_steps, reward_fn)
         self.last_steps = len(obs)
@@ -218,8 +224,8 @@ class PPOAgent:
         adv, ret = gae(torch.from_numpy(std), val.view(alive.shape), alive, self.gamma, self.lam)
         adv, ret = adv.flatten()[live], ret.flatten()[live]
         keep = torch.arange(len(live))
-        if len(keep) > self.max_batch:     # neighbouring steps of an episode are near-duplicates
-            keep = keep[torch.randperm(len(keep), generator=self.gen)[: self.max_batch]]
+        if len(keep) > max_batch:          # neighbouring steps of an episode are near-duplicates
+            keep = keep[torch.randperm(len(keep), generator=self.gen)[:max_batch]]
         b_obs, b_act, b_adv, b_ret = (x[keep] for x in (obs, act, adv, ret))
         with torch.no_grad():                                            # the update needs only its batch's
             b_logp = self.net.evaluate(b_obs, b_act)[0]                  # log-probs under the rollout policy
