@@ -51,3 +51,32 @@ def test_every_strategy_runs_end_to_end_with_real_measurements(tmp_path, target)
 
 def test_chameleon_is_registered():
     assert {"rl", "sa+as", "rl+as", "chameleon"} <= set(STRATEGIES)
+
+
+def test_rl_search_effort_follows_measurement_cost(conv_space):
+    state = TuneState(conv_space, seed=0)
+    configs = conv_space.random(60, state.rng)
+    state.record(configs, list(1e-3 * (1 + conv_space.normalized(configs)[:, 2])))
+    state.refit()
+    ch = make_strategy("rl+as", episodes=64, min_episodes=16, max_steps=20, pool=64)
+    ch.setup(state)
+    seen = []                                    # (episodes started, transitions the update may use)
+    explore = ch.agent.explore
+    ch.agent.explore = lambda init, fn, **kw: seen.append((len(init), kw["max_batch"])) or explore(init, fn, **kw)
+
+    def iterate(measure_over_search):
+        state.measure_s = measure_over_search * ch.log[-1]["search_s"] if ch.log else None
+        ch.propose(8)
+        return seen[-1][0]
+
+    assert iterate(None) == 64                   # before any measurement: the paper's count
+    falling = [iterate(1.0) for _ in range(6)]   # build+run as cheap as the search: cut to the floor
+    assert falling[0] < 64 and falling[-1] == 16 and falling == sorted(falling, reverse=True)
+    assert seen[-1][1] == ch.agent.max_batch * 16 // 64
+    rising = [iterate(1000.0) for _ in range(4)]  # slow measurements: back to the paper's count, no more
+    assert rising[-1] == 64 and max(rising) == 64
+    paper = make_strategy("rl+as", episodes=64, max_steps=20, pool=64, search_share=None)
+    paper.setup(state)
+    state.measure_s = 1e-9
+    paper.propose(8), paper.propose(8)
+    assert [e["episodes"] for e in paper.log] == [64, 64]

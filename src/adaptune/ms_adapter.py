@@ -6,6 +6,7 @@ the knob space and refit our cost model on its results (its ``cost_model`` argum
 """
 from __future__ import annotations
 
+import time
 from typing import List, Optional
 
 import numpy as np
@@ -53,6 +54,7 @@ class MetaScheduleStrategy(PySearchStrategy):
         if not batch:
             return None
         self.pending = [c for c, _ in batch]
+        self.handed_out = time.perf_counter()      # MetaSchedule builds and runs from here to notify
         return [MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
                 for _, sch in batch]
 
@@ -60,6 +62,7 @@ class MetaScheduleStrategy(PySearchStrategy):
         lats = [float(np.median([float(x) for x in r.run_secs])) if r.error_msg is None and r.run_secs else None
                 for r in results]
         self.done += len(results)
+        self.state.measure_s = time.perf_counter() - self.handed_out
         self.state.record(self.pending, lats)
         self.state.refit()
         self.strategy.update(np.array(self.pending), lats)

@@ -32,6 +32,7 @@ class TuneState:
         self.cost_model = cost_model or CostModel(space, seed=seed)
         self.results: dict[tuple, float | None] = {}     # canonical config -> latency (None: failed)
         self.invalid: set[tuple] = set()
+        self.measure_s: float | None = None             # build+run seconds of the last batch
 
     # -- for strategies ---------------------------------------------------------------------------
     def measured_keys(self) -> set[tuple]:
@@ -191,7 +192,8 @@ class TaskTuner:
             bookkeeping += time.perf_counter() - t
 
         results = self.measurer.measure([sch.mod for _, sch in batch], on_result=on_result)
-        self.measure_time += time.perf_counter() - tm - bookkeeping
+        self.state.measure_s = time.perf_counter() - tm - bookkeeping
+        self.measure_time += self.state.measure_s
         self.state.refit()
         self.strategy.update(np.array([c for c, _ in batch]), [r.latency for r in results])
         return len(batch)

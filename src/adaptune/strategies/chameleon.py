@@ -11,7 +11,7 @@ users); ``sa`` (sa + greedy) is the baseline in ``sa.py``.  Adaptive sampling cl
 visited: most visited states are the agent's early, poor steps, and clustering them would spend
 measurements on regions the cost model already rules out.
 
-Three departures from the paper (rl+as with all three is what ``bench/paper.py`` measures against
+Four departures from the paper (rl+as with all four is what ``bench/paper.py`` measures against
 MetaSchedule; the first two were compared with the paper's choice only in single-seed runs):
 
 * ``snap="best"``: each cluster is measured at its best-predicted member, not at the candidate
@@ -19,7 +19,12 @@ MetaSchedule; the first two were compared with the paper's choice only in single
 * the adaptive variants start from ``n_first`` (16) configs, not a full batch, drawn from TVM's
   own sampling distribution (``KnobSpace.sample_prior``, what MetaSchedule starts from) rather
   than uniformly: with 8 measurements per iteration the model guides from the second batch on;
-* the agent's episodes stop once their predicted fitness stalls (``ppo.py``).
+* the agent's episodes stop once their predicted fitness stalls (``ppo.py``);
+* search effort follows measurement cost: when a batch builds and runs fast (L7: 8 kernels in
+  ~1.7 s), the agent runs fewer episodes (at least ``min_episodes``, at most ``episodes``) and
+  learns from proportionally fewer transitions, so that one ``propose`` costs about
+  ``search_share`` of the last batch's build+run time.  The paper's 128 episodes cost ~0.19 s per
+  iteration, 11% of L7's measurements on their own.  ``search_share=None`` keeps the paper's count.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ import numpy as np
 
 from ..sampling import adaptive_sample, greedy_top_k
 from .base import Strategy, register
-from .ppo import PPOAgent
+from .ppo import PPOAgent, one_thread
 from .sa import simulated_annealing
 
 
@@ -39,13 +44,16 @@ class Chameleon(Strategy):
 
     def __init__(self, episodes: int = 128, max_steps: int = 500, n_chains: int = 128, sa_steps: int = 500,
                  pool: int = 512, k_min: int = 8, k_max: int = 64, threshold: float = 2.5, eps: float = 0.05,
-                 n_init_best: int = 16, snap: str = "best", n_first: int = 16):
+                 n_init_best: int = 16, snap: str = "best", n_first: int = 16,
+                 search_share: float | None = 0.04, min_episodes: int = 32):
         self.episodes, self.max_steps, self.n_chains, self.sa_steps = episodes, max_steps, n_chains, sa_steps
         self.pool, self.k_min, self.k_max, self.threshold, self.eps = pool, k_min, k_max, threshold, eps
         self.n_init_best = n_init_best
         if snap not in ("best", "centroid"):
             raise ValueError("snap must be 'best' or 'centroid'")
         self.snap, self.n_first = snap, n_first
+        self.search_share, self.min_episodes = search_share, min(min_episodes, episodes)
+        self.n_episodes = episodes      # this iteration's, see _effort
         self.fills_batch = self.sampler == "greedy"
         self.agent: PPOAgent | None = None
         self.points = None
@@ -67,12 +75,24 @@ class Chameleon(Strategy):
                 plan_size=self.pool, exclude=st.measured_keys())
             self._steps = steps
             return cands
+        n = self._effort()
         best = st.best(self.n_init_best)
-        init = np.concatenate([best, st.space.random(max(self.episodes - len(best), 0), st.rng)])
+        init = np.concatenate([best, st.space.random(max(n - len(best), 0), st.rng)])
         visited = self.agent.explore(init, lambda c: st.cost_model.predict(st.space.canonical(c)),
-                                     max_steps=self.max_steps)
+                                     max_steps=self.max_steps, max_batch=self.agent.max_batch * n // self.episodes)
         self._steps = self.agent.converge_step
         return st.space.canonical(visited)
+
+    def _effort(self) -> int:
+        """Episodes for this iteration: last iteration's, scaled by how far the last ``propose``
+        was from ``search_share`` of the last batch's build+run seconds (square root: damped,
+        both timings are noisy), within [min_episodes, episodes]."""
+        m = self.state.measure_s
+        if self.search_share and m and self.log:
+            ratio = self.search_share * m / max(self.log[-1]["search_s"], 1e-6)
+            self.n_episodes = int(np.clip(round(self.n_episodes * min(ratio, 4.0) ** 0.5),
+                                          self.min_episodes, self.episodes))
+        return self.n_episodes
 
     # -- sampling -----------------------------------------------------------------------------------
     def propose(self, n: int) -> np.ndarray:
@@ -82,6 +102,11 @@ class Chameleon(Strategy):
                 return st.unmeasured(st.space.random(4 * n, st.rng))[:n]
             n = min(n, self.n_first)           # small, from TVM's prior: the model guides from batch two
             return st.unmeasured(np.concatenate([st.space.sample_prior(n, st.rng), st.space.random(4 * n, st.rng)]))[:n]
+        with one_thread():      # tiny networks and k-means: extra threads only add hand-off cost
+            return self._propose(n)
+
+    def _propose(self, n: int) -> np.ndarray:
+        st = self.state
         t0 = time.perf_counter()
         cands = st.unmeasured(self._explore())
         scores = st.cost_model.predict(cands)
@@ -100,6 +125,7 @@ class Chameleon(Strategy):
             out = out[:n]
             k = len(out)
         self.log.append({"candidates": len(cands), "proposed": len(out), "k": k, "steps": self._steps,
+                         "episodes": self.n_episodes if self.explorer == "rl" else None,
                          "search_s": time.perf_counter() - t0})
         return out
 
