@@ -37,8 +37,11 @@ def test_strategy_end_to_end_with_real_measurements(tmp_path, target, strategy):
     assert len(db) == sum(r["error"] == "ok" for r in recs)
     sch = ms.tir_integration.compile_tir(db, DENSE.mod(), target)
     assert sch is not None
-    best = db.get_top_k(db.commit_workload(DENSE.mod()), 1)[0]
-    assert np.median([float(x) for x in best.run_secs]) == pytest.approx(res.best_latency)
+    ok_recs = [r for r in recs if r["error"] == "ok"]
+    assert res.best_latency == pytest.approx(min(np.median(r["run_secs"]) for r in ok_recs))
+    best = db.get_top_k(db.commit_workload(DENSE.mod()), 1)[0]     # TVM ranks by the mean of the repeats,
+    assert np.mean([float(x) for x in best.run_secs]) == pytest.approx(  # we by the median: with noise the
+        min(np.mean(r["run_secs"]) for r in ok_recs))                    # two may pick different records
     tvm.compile(sch.mod, target=target)
 
 
