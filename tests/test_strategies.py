@@ -64,8 +64,10 @@ def test_rl_search_effort_follows_measurement_cost(conv_space):
     explore = ch.agent.explore
     ch.agent.explore = lambda init, fn, **kw: seen.append((len(init), kw["max_batch"])) or explore(init, fn, **kw)
 
-    def iterate(measure_over_search):
-        state.measure_s = measure_over_search * ch.log[-1]["search_s"] if ch.log else None
+    def iterate(measure_over_search, other=0.0):
+        if ch.log:                               # last iteration: its propose plus `other` seconds of overhead
+            state.measure_s = measure_over_search * ch.log[-1]["search_s"]
+            state.overhead_s = ch.log[-1]["search_s"] + other
         ch.propose(8)
         return seen[-1][0]
 
@@ -75,8 +77,10 @@ def test_rl_search_effort_follows_measurement_cost(conv_space):
     assert seen[-1][1] == ch.agent.max_batch * 16 // 64
     rising = [iterate(1000.0) for _ in range(4)]  # slow measurements: back to the paper's count, no more
     assert rising[-1] == 64 and max(rising) == 64
-    paper = make_strategy("rl+as", episodes=64, max_steps=20, pool=64, search_share=None)
+    # the rest of the overhead (refit, ...) already spends the budget: down to the floor at once
+    assert iterate(1000.0, other=100.0 * ch.log[-1]["search_s"]) == 16
+    paper = make_strategy("rl+as", episodes=64, max_steps=20, pool=64, overhead_share=None)
     paper.setup(state)
-    state.measure_s = 1e-9
+    state.measure_s, state.overhead_s = 1e-9, 1.0
     paper.propose(8), paper.propose(8)
     assert [e["episodes"] for e in paper.log] == [64, 64]

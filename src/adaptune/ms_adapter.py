@@ -50,22 +50,26 @@ class MetaScheduleStrategy(PySearchStrategy):
     def generate_measure_candidates(self) -> Optional[List[MeasureCandidate]]:
         if self.done >= self.max_trials:
             return None
+        t0 = time.perf_counter()
         batch = self.state.prepare(self.strategy, min(self.per_iter, self.max_trials - self.done))
         if not batch:
             return None
         self.pending = [c for c, _ in batch]
         self.handed_out = time.perf_counter()      # MetaSchedule builds and runs from here to notify
+        self.generate_s = self.handed_out - t0
         return [MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
                 for _, sch in batch]
 
     def notify_runner_results(self, measure_candidates, results) -> None:
+        t0 = time.perf_counter()
+        self.state.measure_s = t0 - self.handed_out
         lats = [float(np.median([float(x) for x in r.run_secs])) if r.error_msg is None and r.run_secs else None
                 for r in results]
         self.done += len(results)
-        self.state.measure_s = time.perf_counter() - self.handed_out
         self.state.record(self.pending, lats)
         self.state.refit()
         self.strategy.update(np.array(self.pending), lats)
+        self.state.overhead_s = self.generate_s + time.perf_counter() - t0
 
     def clone(self) -> "MetaScheduleStrategy":
         return MetaScheduleStrategy(self.strategy_spec, self.seed, **self.options)

@@ -33,6 +33,7 @@ class TuneState:
         self.results: dict[tuple, float | None] = {}     # canonical config -> latency (None: failed)
         self.invalid: set[tuple] = set()
         self.measure_s: float | None = None             # build+run seconds of the last batch
+        self.overhead_s: float | None = None            # its iteration's other seconds (search, refit, ...)
 
     # -- for strategies ---------------------------------------------------------------------------
     def measured_keys(self) -> set[tuple]:
@@ -164,6 +165,7 @@ class TaskTuner:
 
     def step(self, n: int) -> int:
         """Measure up to ``n`` new candidates; returns how many (0 once the space is exhausted)."""
+        t0 = time.perf_counter()
         batch = self.state.prepare(self.strategy, n)
         if not batch:
             if not self.exhausted:
@@ -196,6 +198,7 @@ class TaskTuner:
         self.measure_time += self.state.measure_s
         self.state.refit()
         self.strategy.update(np.array([c for c, _ in batch]), [r.latency for r in results])
+        self.state.overhead_s = time.perf_counter() - t0 - self.state.measure_s
         return len(batch)
 
     def _verified(self, sch, res: MeasureResult) -> MeasureResult:
