@@ -58,7 +58,7 @@ def test_rl_search_effort_follows_measurement_cost(conv_space):
     configs = conv_space.random(60, state.rng)
     state.record(configs, list(1e-3 * (1 + conv_space.normalized(configs)[:, 2])))
     state.refit()
-    ch = make_strategy("rl+as", episodes=64, min_episodes=16, max_steps=20, pool=64)
+    ch = make_strategy("rl+as", episodes=64, min_episodes=16, max_steps=20, pool=64, overhead_share=0.08)
     ch.setup(state)
     seen = []                                    # (episodes started, transitions the update may use)
     explore = ch.agent.explore
@@ -79,7 +79,7 @@ def test_rl_search_effort_follows_measurement_cost(conv_space):
     assert rising[-1] == 64 and max(rising) == 64
     # the rest of the overhead (refit, ...) already spends the budget: down to the floor at once
     assert iterate(1000.0, other=100.0 * ch.log[-1]["search_s"]) == 16
-    paper = make_strategy("rl+as", episodes=64, max_steps=20, pool=64, overhead_share=None)
+    paper = make_strategy("rl+as", episodes=64, max_steps=20, pool=64)      # the default: the paper's count
     paper.setup(state)
     state.measure_s, state.overhead_s = 1e-9, 1.0
     paper.propose(8), paper.propose(8)
