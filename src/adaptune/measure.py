@@ -97,6 +97,19 @@ class RPCDevice:
             time.sleep(0.5)
 
 
+class GcSafePool(PopenPoolExecutor):
+    """TVM's process pool, except that garbage collection never waits for its threads.
+
+    ``PopenPoolExecutor.__del__`` joins them, and a collection that happens while Python starts a
+    thread runs inside ``threading``'s bookkeeping lock, which the join takes again: the process
+    hangs in ``Thread.start`` for ever (it hung our test suite once; TVM's docstring warns of
+    it).  A pool that was not closed explicitly only has its workers killed."""
+
+    def __del__(self):
+        if not self._shutdown:
+            self.shutdown(wait=False)
+
+
 class WarmBuilder:
     """Builds in worker processes that outlive a batch.
 
@@ -110,11 +123,11 @@ class WarmBuilder:
     def __init__(self, *, max_workers: int | None = None, timeout: float = 30.0, recycle: int = 64):
         self.max_workers = max_workers or os.cpu_count() or 1
         self.timeout, self.recycle = timeout, recycle
-        self._pool: PopenPoolExecutor | None = None
+        self._pool: GcSafePool | None = None
 
     def build(self, inputs: Sequence["ms.builder.BuilderInput"]) -> list["ms.builder.BuilderResult"]:
         if self._pool is None:
-            self._pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout,
+            self._pool = GcSafePool(max_workers=self.max_workers, timeout=self.timeout,
                                            maximum_process_uses=self.recycle)
         out = []
         for r in self._pool.map_with_error_catching(lambda x: build_export(*x), [(i.mod, i.target) for i in inputs]):
@@ -149,6 +162,7 @@ class Measurer:
                                               enable_cpu_cache_flush=False)
         if rpc is None:
             self.runner = ms.runner.LocalRunner(timeout_sec=timeout, evaluator_config=evaluator)
+            self.runner.pool.__class__ = GcSafePool     # TVM makes the pool; only its __del__ differs
         else:
             self.runner = ms.runner.RPCRunner(
                 rpc_config=ms.runner.RPCConfig(tracker_host=rpc.host, tracker_port=rpc.port, tracker_key=rpc.key,
@@ -156,8 +170,10 @@ class Measurer:
                 evaluator_config=evaluator, max_workers=1)
 
     def close(self) -> None:
-        """Stop the build workers (they also exit with this process)."""
+        """Stop the build and run workers (they also exit with this process)."""
         self.builder.close()
+        if isinstance(getattr(self.runner, "pool", None), GcSafePool) and not self.runner.pool._shutdown:
+            self.runner.pool.shutdown()
 
     def measure(self, mods: Sequence["tvm.IRModule"],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
