@@ -128,7 +128,7 @@ class WarmBuilder:
     def build(self, inputs: Sequence["ms.builder.BuilderInput"]) -> list["ms.builder.BuilderResult"]:
         if self._pool is None:
             self._pool = GcSafePool(max_workers=self.max_workers, timeout=self.timeout,
-                                           maximum_process_uses=self.recycle)
+                                    maximum_process_uses=self.recycle)
         out = []
         for r in self._pool.map_with_error_catching(lambda x: build_export(*x), [(i.mod, i.target) for i in inputs]):
             if r.status == StatusKind.COMPLETE:
@@ -172,7 +172,7 @@ class Measurer:
     def close(self) -> None:
         """Stop the build and run workers (they also exit with this process)."""
         self.builder.close()
-        if isinstance(getattr(self.runner, "pool", None), GcSafePool) and not self.runner.pool._shutdown:
+        if self.rpc is None and not self.runner.pool._shutdown:
             self.runner.pool.shutdown()
 
     def measure(self, mods: Sequence["tvm.IRModule"],
