@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from adaptune.sampling import adaptive_sample, choose_k, coverage_pick, greedy_top_k
+from adaptune.sampling import adaptive_sample, choose_k, greedy_top_k
 
 
 def blobs(n_clusters, seed=0, d=6, per=40, spread=0.01):
@@ -102,23 +102,3 @@ def test_with_scores_each_cluster_gives_its_best_predicted_member():
     for c in out:
         near = [s for k, s in best.items() if np.abs(np.array(k) - c).max() <= 1]
         assert best[tuple(int(x) for x in c)] == max(near)
-
-
-def test_coverage_pick_tests_the_least_measured_value_of_the_most_collapsed_knob():
-    rng = np.random.default_rng(0)
-    sizes = np.array([4, 6, 3])
-    measured = rng.integers(0, sizes, (40, 3))
-    measured[:, 1] = 2                                       # knob 1 collapsed on one value
-    measured[:3, 1] = [0, 1, 3]
-    cands = rng.integers(0, sizes, (200, 3))
-    scores = rng.random(200)
-    taken = set(map(tuple, measured.tolist()))
-    pick = coverage_pick(cands, scores, measured, sizes, taken)
-    never = [v for v in range(6) if v not in measured[:, 1]]
-    assert pick[1] in never                                  # a value of knob 1 never measured...
-    best = scores[np.isin(cands[:, 1], never)].max()
-    assert scores[(cands == pick).all(1)].max() == best      # ...the best-predicted candidate holding one
-    assert tuple(pick) not in taken
-    # nothing collapsed (every knob measured uniformly): no exploratory pick
-    grid = np.array(np.meshgrid(*[range(s) for s in sizes])).reshape(3, -1).T
-    assert coverage_pick(cands, scores, grid, sizes, set()) is None

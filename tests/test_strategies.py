@@ -84,18 +84,3 @@ def test_rl_search_effort_follows_measurement_cost(conv_space):
     state.measure_s, state.overhead_s = 1e-9, 1.0
     paper.propose(8), paper.propose(8)
     assert [e["episodes"] for e in paper.log] == [64, 64]
-
-
-def test_rl_as_coverage_pick_measures_a_value_the_model_never_saw(conv_space):
-    state = TuneState(conv_space, seed=0)
-    j = int(np.argmax(conv_space.sizes))                 # collapse the knob with the most values on one of them
-    configs = conv_space.random(60, state.rng)
-    configs[:, j] = 0
-    state.record(configs, list(1e-3 * (1 + conv_space.normalized(configs)[:, 2])))
-    state.refit()
-    ch = make_strategy("rl+as", episodes=32, max_steps=20, pool=64, coverage=1.0)
-    ch.setup(state)
-    out = ch.propose(32)
-    k = ch.log[-1]["k"]
-    assert len(out) == k + 1                             # the knee's k, plus one exploratory pick
-    assert out[-1][j] != 0 and not ({tuple(c) for c in out} & set(state.results))

@@ -13,8 +13,6 @@ from __future__ import annotations
 import numpy as np
 from sklearn.cluster import KMeans
 
-from .space import row_keys
-
 
 def _normalise(configs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return configs / np.maximum(np.asarray(sizes) - 1, 1)
@@ -107,36 +105,3 @@ def adaptive_sample(candidates: np.ndarray, sizes, visited, *, k_min: int = 8, k
             taken.add(tuple(int(x) for x in pick))
             out.append(pick)
     return np.array(out, dtype=np.int64).reshape(-1, candidates.shape[1])
-
-
-def coverage_pick(candidates: np.ndarray, scores, measured: np.ndarray, sizes, taken) -> np.ndarray | None:
-    """The exploratory measurement: the best-predicted candidate that holds the least-measured
-    value of the most collapsed knob.
-
-    AutoTVM and MetaSchedule keep ~5% of their measurements random, so the cost model keeps
-    seeing regions it rates poorly; Adaptive Sampling has no such share, and its clusters all
-    lie where the model already points.  On L6 (seed 2) one run measured 192 of 256 configs
-    with the same tiling of a 14-wide loop and never tried the tiling the fast kernels use.
-    A knob is collapsed in proportion to how far its most measured value exceeds a uniform
-    share (count share x number of values); the candidate keeps the agent's choices for every
-    other knob, so the measurement tests that one value rather than a random schedule."""
-    measured = np.asarray(measured, dtype=np.int64).reshape(-1, candidates.shape[1])
-    if not len(measured) or not len(candidates):
-        return None
-    scores = np.asarray(scores, dtype=np.float64)
-    order = np.argsort(-scores, kind="stable")
-    taken = np.array(list(taken), dtype=np.int64).reshape(-1, candidates.shape[1])
-    free = ~np.isin(row_keys(candidates), row_keys(taken))
-    counts = [np.bincount(measured[:, j], minlength=int(s)) for j, s in enumerate(sizes)]
-    collapse = [c.max() / len(measured) * len(c) if len(c) > 1 else 0.0 for c in counts]
-    for j in np.argsort(-np.asarray(collapse), kind="stable"):
-        if collapse[j] <= 1.0:
-            break
-        options = order[free[order]]
-        values = candidates[options, j]
-        if not len(values):
-            return None
-        i = np.argmin(counts[j][values])        # ties: the better-predicted candidate
-        if counts[j][values[i]] < counts[j].max():
-            return candidates[options[i]]
-    return None

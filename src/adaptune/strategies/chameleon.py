@@ -11,7 +11,7 @@ users); ``sa`` (sa + greedy) is the baseline in ``sa.py``.  Adaptive sampling cl
 visited: most visited states are the agent's early, poor steps, and clustering them would spend
 measurements on regions the cost model already rules out.
 
-Four departures from the paper (rl+as with all four is what ``bench/paper.py`` measures against
+Three departures from the paper (rl+as with all three is what ``bench/paper.py`` measures against
 MetaSchedule; the first two were compared with the paper's choice only in single-seed runs):
 
 * ``snap="best"``: each cluster is measured at its best-predicted member, not at the candidate
@@ -19,14 +19,7 @@ MetaSchedule; the first two were compared with the paper's choice only in single
 * the adaptive variants start from ``n_first`` (16) configs, not a full batch, drawn from TVM's
   own sampling distribution (``KnobSpace.sample_prior``, what MetaSchedule starts from) rather
   than uniformly: with 8 measurements per iteration the model guides from the second batch on;
-* the agent's episodes stop once their predicted fitness stalls (``ppo.py``);
-* ``coverage`` (0.05): with probability ``coverage`` x k an iteration measures one more config,
-  ``sampling.coverage_pick``'s (the best candidate holding the least-measured value of the most
-  collapsed knob), the exploratory share AutoTVM and MetaSchedule keep and the paper has not.
-  Over 22 paired runs (L1-L8, seeds 1-3, 256 trials, 2-core Xeon) it spent ~5% of the
-  measurements, and moved the geomeans against MetaSchedule from 0.86 to 0.83 (final latency),
-  <=2.01x to <=2.20x (fewer measurements to its best) and 0.95 to 0.91 (after half the budget);
-  it was better in 12 runs and worse in 10, so the gain is small against run-to-run noise.
+* the agent's episodes stop once their predicted fitness stalls (``ppo.py``).
 
 Off by default: ``overhead_share=0.08`` makes search effort follow measurement cost.  The agent
 then gets what is left of an overhead budget, that share of the last batch's build+run seconds,
@@ -44,7 +37,7 @@ import time
 
 import numpy as np
 
-from ..sampling import adaptive_sample, coverage_pick, greedy_top_k
+from ..sampling import adaptive_sample, greedy_top_k
 from .base import Strategy, register
 from .ppo import PPOAgent, one_thread
 from .sa import simulated_annealing
@@ -57,7 +50,7 @@ class Chameleon(Strategy):
     def __init__(self, episodes: int = 128, max_steps: int = 500, n_chains: int = 128, sa_steps: int = 500,
                  pool: int = 512, k_min: int = 8, k_max: int = 64, threshold: float = 2.5, eps: float = 0.05,
                  n_init_best: int = 16, snap: str = "best", n_first: int = 16,
-                 overhead_share: float | None = None, min_episodes: int = 32, coverage: float = 0.05):
+                 overhead_share: float | None = None, min_episodes: int = 32):
         self.episodes, self.max_steps, self.n_chains, self.sa_steps = episodes, max_steps, n_chains, sa_steps
         self.pool, self.k_min, self.k_max, self.threshold, self.eps = pool, k_min, k_max, threshold, eps
         self.n_init_best = n_init_best
@@ -65,7 +58,6 @@ class Chameleon(Strategy):
             raise ValueError("snap must be 'best' or 'centroid'")
         self.snap, self.n_first = snap, n_first
         self.overhead_share, self.min_episodes = overhead_share, min(min_episodes, episodes)
-        self.coverage = coverage
         self.n_episodes = episodes      # this iteration's, see _effort
         self.fills_batch = self.sampler == "greedy"
         self.agent: PPOAgent | None = None
@@ -139,11 +131,6 @@ class Chameleon(Strategy):
                                   is_valid=st.space.is_valid, scores=scores[top] if self.snap == "best" else None)
             out = out[:n]
             k = len(out)
-            if self.coverage and k < n and st.rng.random() < self.coverage * k:
-                extra = coverage_pick(cands, scores, np.array(list(st.results), dtype=np.int64), st.space.sizes,
-                                      visited | set(map(tuple, out.tolist())))
-                if extra is not None:
-                    out = np.vstack([out, extra])
         self.log.append({"candidates": len(cands), "proposed": len(out), "k": k, "steps": self._steps,
                          "episodes": self.n_episodes if self.explorer == "rl" else None,
                          "search_s": time.perf_counter() - t0})
