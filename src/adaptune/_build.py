@@ -14,14 +14,22 @@ def fast_build(mod, target, _params):
     return tvm.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
-def build_export(mod, target) -> str:
-    """Build ``mod`` and export it to a temporary tar file for the runner; returns its path
-    (MetaSchedule's ``_worker_func`` with ``fast_build`` and its ``default_export``)."""
+def build_export(mod, target, linked: bool = False) -> str:
+    """Build ``mod`` and export it to a temporary file for the runner; returns its path.
+
+    By default a tar of object files (MetaSchedule's ``_worker_func`` with ``fast_build`` and its
+    ``default_export``): a remote device links it itself.  ``linked=True`` (local runs) links a
+    shared library here instead: the runner would link the tar anyway, one candidate at a time,
+    and the numerics check would link it a second time; here the builders link in parallel."""
     import os
     import tempfile
 
     from tvm.support.tar import tar
 
-    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod." + tar.output_format)
-    fast_build(mod, target, None).export_library(path, fcompile=tar)
+    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod." + ("so" if linked else tar.output_format))
+    lib = fast_build(mod, target, None)
+    if linked:
+        lib.export_library(path)
+    else:
+        lib.export_library(path, fcompile=tar)
     return path

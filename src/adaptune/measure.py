@@ -120,9 +120,10 @@ class WarmBuilder:
     workers leak memory, so ours are recycled after ``recycle`` builds each; a worker that
     times out or dies is killed and restarted by the pool, and its candidate reported."""
 
-    def __init__(self, *, max_workers: int | None = None, timeout: float = 30.0, recycle: int = 64):
+    def __init__(self, *, max_workers: int | None = None, timeout: float = 30.0, recycle: int = 64,
+                 linked: bool = False):
         self.max_workers = max_workers or os.cpu_count() or 1
-        self.timeout, self.recycle = timeout, recycle
+        self.timeout, self.recycle, self.linked = timeout, recycle, linked
         self._pool: GcSafePool | None = None
 
     def build(self, inputs: Sequence["ms.builder.BuilderInput"]) -> list["ms.builder.BuilderResult"]:
@@ -130,7 +131,8 @@ class WarmBuilder:
             self._pool = GcSafePool(max_workers=self.max_workers, timeout=self.timeout,
                                     maximum_process_uses=self.recycle)
         out = []
-        for r in self._pool.map_with_error_catching(lambda x: build_export(*x), [(i.mod, i.target) for i in inputs]):
+        for r in self._pool.map_with_error_catching(lambda x: build_export(*x),
+                                                   [(i.mod, i.target, self.linked) for i in inputs]):
             if r.status == StatusKind.COMPLETE:
                 out.append(ms.builder.BuilderResult(r.value, None))
             elif r.status == StatusKind.TIMEOUT:
@@ -157,7 +159,8 @@ class Measurer:
         self.target = target
         self.timeout = timeout
         self.rpc = rpc
-        self.builder = WarmBuilder(max_workers=build_workers, timeout=timeout)
+        # local runs load a shared library linked by the builders (see build_export)
+        self.builder = WarmBuilder(max_workers=build_workers, timeout=timeout, linked=rpc is None)
         evaluator = ms.runner.EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                                               enable_cpu_cache_flush=False)
         if rpc is None:
