@@ -33,10 +33,13 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 from torch import nn
 
 from ..space import distinct
+
+_threadpools: ThreadpoolController | None = None
+_depth = 0      # one_thread blocks entered and not left (they nest: Chameleon's propose, the agent's explore)
 
 
 @contextmanager
@@ -44,13 +47,22 @@ def one_thread():
     """Run torch and numpy's BLAS on one thread: the networks here are tiny, and a second thread
     only adds hand-off cost.  On a busy machine it is far worse: with another process holding
     both cores, OpenBLAS's spinning threads made one L7 ``propose`` take 0.75-31 s (mean 5.6 s)
-    instead of 0.19-0.31 s (``threadpoolctl``, scikit-learn's own dependency, sets the limit)."""
+    instead of 0.19-0.31 s (``threadpoolctl``, scikit-learn's own dependency, sets the limit).
+    Its controller is made once: finding the loaded thread pools costs ~3 ms a time."""
+    global _threadpools, _depth
+    if _depth:                              # nested: the limits are in place already
+        yield
+        return
+    if _threadpools is None:
+        _threadpools = ThreadpoolController()
     before = torch.get_num_threads()
     torch.set_num_threads(1)
+    _depth += 1
     try:
-        with threadpool_limits(1):
+        with _threadpools.limit(limits=1):
             yield
     finally:
+        _depth -= 1
         torch.set_num_threads(before)
 
 
