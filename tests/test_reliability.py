@@ -51,12 +51,15 @@ def test_cli_refuses_an_rpc_key_without_servers(rpc_farm, tmp_path, capsys):
     assert not (tmp_path / "wd").exists()
 
 
-def test_the_check_runs_the_measured_binary(target):
-    """The checker loads the file the runner timed; a wrong binary fails even beside a right module."""
+@pytest.mark.parametrize("linked", [True, False], ids=["shared-library", "tar"])
+def test_the_check_runs_the_measured_binary(target, linked):
+    """The checker loads the file the runner timed (a linked library for local runs, a tar for
+    RPC ones); a wrong binary fails even beside a right module."""
     from adaptune._build import build_export
     from adaptune.verify import KernelChecker
     checker = KernelChecker(DENSE.mod(), target)
-    right, wrong = build_export(DENSE.mod(), target), build_export(faults.wrong_kernel(DENSE.mod()), target)
+    right, wrong = (build_export(m, target, linked) for m in (DENSE.mod(), faults.wrong_kernel(DENSE.mod())))
+    assert right.endswith(".so" if linked else ".tar")
     assert checker.check(DENSE.mod(), right) == (True, "")
     assert checker.check(DENSE.mod(), wrong)[0] is False
     assert checker.check(faults.wrong_kernel(DENSE.mod()))[0] is False      # no file: compiled here
