@@ -27,9 +27,5 @@ def build_export(mod, target, linked: bool = False) -> str:
     from tvm.support.tar import tar
 
     path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod." + ("so" if linked else tar.output_format))
-    lib = fast_build(mod, target, None)
-    if linked:
-        lib.export_library(path)
-    else:
-        lib.export_library(path, fcompile=tar)
+    fast_build(mod, target, None).export_library(path, fcompile=None if linked else tar)   # None: TVM links
     return path
