@@ -64,13 +64,41 @@ def test_sample_synthesis_replaces_a_visited_centroid_with_the_mode():
     assert len(rest) > 0 and not ({tuple(int(x) for x in c) for c in rest} & all_seen)
 
 
+def even(configs):
+    """A resolver under which configs with an odd first knob are invalid."""
+    return [tuple(int(x) for x in c) if c[0] % 2 == 0 else None for c in configs]
+
+
 def test_synthesis_respects_validity():
     cands = _grid_candidates(seed=2)
     first = adaptive_sample(cands, np.full(5, 32), set(), seed=0)
     visited = {tuple(int(x) for x in c) for c in first}
-    out = adaptive_sample(cands, np.full(5, 32), visited, seed=0, is_valid=lambda c: c[0] % 2 == 0)
+    out = adaptive_sample(cands, np.full(5, 32), visited, seed=0, resolve=even)
     synthesised = [c for c in out if tuple(int(x) for x in c) not in {tuple(x) for x in cands.tolist()}]
     assert all(c[0] % 2 == 0 for c in synthesised)
+
+
+def test_picks_snap_to_valid_members():
+    """A cluster whose best member is invalid measures its next-best valid member instead: the
+    batch keeps its size, every pick is valid and a real candidate."""
+    cands = _grid_candidates(seed=6)
+    scores = np.random.default_rng(6).random(len(cands))
+    plain = adaptive_sample(cands, np.full(5, 32), set(), seed=0, scores=scores)
+    out = adaptive_sample(cands, np.full(5, 32), set(), seed=0, scores=scores, resolve=even)
+    assert len(out) == len(plain) and all(c[0] % 2 == 0 for c in out)
+    assert {tuple(c) for c in out.tolist()} <= {tuple(c) for c in cands.tolist()}
+    assert any(c[0] % 2 for c in plain)     # the test means something: some plain picks were invalid
+
+
+def test_resolved_keys_count_as_visited():
+    """Two configs TVM measures as the same schedule are one: a config resolving to a visited key
+    is never picked (the resolver maps knob 4 to 0, as TVM canonicalises compute locations)."""
+    cands = _grid_candidates(seed=7)
+    first = adaptive_sample(cands, np.full(5, 32), set(), seed=0)
+    canon = lambda cs: [tuple(int(x) for x in c[:4]) + (0,) for c in cs]
+    visited = set(canon(first))
+    out = adaptive_sample(cands, np.full(5, 32), visited, seed=0, resolve=canon)
+    assert len(out) and not (set(canon(out)) & visited) and len(set(canon(out))) == len(out)
 
 
 def test_deterministic_under_seed():

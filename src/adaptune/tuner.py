@@ -47,6 +47,18 @@ class TuneState:
             return canon
         return canon[~np.isin(row_keys(canon), row_keys(np.array(list(seen), dtype=np.int64)))]
 
+    def resolve(self, configs: np.ndarray) -> list[tuple | None]:
+        """Per row, the key the config would be measured under (its canonical form once TVM has
+        replayed it), or None for a config TVM rejects; rejected ones join ``invalid``.  Decodes
+        are cached, so measuring a resolved config does not replay it again."""
+        keys = []
+        for sch, _, canon in self.space.decode_many(np.atleast_2d(configs)):
+            key = tuple(int(x) for x in canon)
+            if sch is None:
+                self.invalid.add(key)
+            keys.append(key if sch is not None else None)
+        return keys
+
     def best(self, k: int = 1) -> np.ndarray:
         """The ``k`` fastest measured configs."""
         good = sorted((lat, key) for key, lat in self.results.items() if lat is not None)

@@ -128,7 +128,7 @@ class Chameleon(Strategy):
             top = np.argsort(-scores, kind="stable")[: self.pool]
             out = adaptive_sample(cands[top], st.space.sizes, visited, k_min=self.k_min, k_max=min(self.k_max, n),
                                   threshold=self.threshold, seed=int(st.rng.integers(1 << 30)),
-                                  is_valid=st.space.is_valid, scores=scores[top] if self.snap == "best" else None)
+                                  resolve=st.resolve, scores=scores[top] if self.snap == "best" else None)
             out = out[:n]
             k = len(out)
         self.log.append({"candidates": len(cands), "proposed": len(out), "k": k, "steps": self._steps,
