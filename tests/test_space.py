@@ -77,6 +77,27 @@ def test_repaired_decision_is_reported_invalid(target):
     assert sp.decode(config)[0] is not None
 
 
+def test_tune_state_resolves_configs_to_the_key_tvm_measures(target, conv_space):
+    """A rejected config resolves to None and is remembered as invalid; a location TVM moves
+    resolves to the location it settled on (the key its measurement is recorded under)."""
+    from adaptune.tuner import TuneState
+    sp = KnobSpace(get_workload("tiny-dense").mod(), target, seed=3)
+    k = next(i for i, kn in enumerate(sp.knobs) if kn.kind == TILE and kn.extent == 64)
+    sp.knobs[k].values.append((3, 1, 1, 21))        # product 63: TVM repairs it
+    sp.sizes[k] += 1
+    bad, good = np.zeros((2, sp.ndim), dtype=np.int64)
+    bad[k] = sp.sizes[k] - 1
+    state = TuneState(sp)
+    assert state.resolve(np.stack([bad, good])) == [None, tuple(int(x) for x in sp.decode(good)[2])]
+    assert tuple(int(x) for x in sp.canonical(bad)[0]) in state.invalid
+    loc = next(i for i, kn in enumerate(conv_space.knobs) if kn.kind == LOCATION)
+    configs = conv_space.random(20, np.random.default_rng(5))
+    configs[:, loc] = conv_space.sizes[loc] - 1
+    keys = TuneState(conv_space).resolve(configs)
+    assert all(key is not None and key[loc] <= c[loc] for key, c in zip(keys, configs))
+    assert any(key[loc] < c[loc] for key, c in zip(keys, configs))
+
+
 def test_location_knob_holds_tvms_decision_and_settles_on_a_valid_one(conv_space):
     k = next(i for i, kn in enumerate(conv_space.knobs) if kn.kind == LOCATION)
     assert conv_space.knobs[k].values[:2] == [-2, -1]           # inline, root, then loop positions
