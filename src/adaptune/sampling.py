@@ -15,6 +15,8 @@ L2, for the same search cost per iteration.
 """
 from __future__ import annotations
 
+from itertools import islice
+
 import numpy as np
 from sklearn.cluster import KMeans
 
@@ -75,10 +77,14 @@ def _synthesise(candidates: np.ndarray, taken: set, resolve) -> tuple[np.ndarray
                 c = base.copy()
                 c[j] = m[rank]
                 tries.append(c)
-    for c in tries:
-        if _key(c) in taken:
-            continue
-        key = resolve(c[None])[0]
+    return _first_fresh(tries, taken, resolve)
+
+
+def _first_fresh(configs, taken: set, resolve, limit: int | None = None) -> tuple[np.ndarray, tuple] | None:
+    """The first of ``configs`` (at most ``limit`` of those not taken) that TVM accepts under a
+    key not taken, with that key; resolved one at a time, since the first usually does."""
+    for c in islice((c for c in configs if _key(c) not in taken), limit):
+        key = resolve(np.asarray(c)[None])[0]
         if key is not None and key not in taken:
             return c, key
     return None
@@ -133,19 +139,12 @@ def adaptive_sample(candidates: np.ndarray, sizes, visited, *, k_min: int = 8, k
                 first_valid[c] = (i, key)
     out = []
     for c in range(len(centers)):
-        pick = None
-        if c in first_valid and first_valid[c][1] not in taken:
-            i, key = first_valid[c]
-            pick = candidates[i], key
-        elif c in first_valid:          # visited: Sample Synthesis, else the nearest valid fresh candidate
-            pick = _synthesise(candidates, taken, resolve)
-            if pick is None:
-                near = [i for i in np.argsort(dist[:, c], kind="stable") if _key(candidates[i]) not in taken]
-                for i in near[:snap_tries]:
-                    key = resolve(candidates[i][None])[0]
-                    if key is not None and key not in taken:
-                        pick = candidates[i], key
-                        break
+        if c not in first_valid:
+            continue
+        i, key = first_valid[c]
+        pick = (candidates[i], key) if key not in taken else (   # visited: Sample Synthesis, else the
+            _synthesise(candidates, taken, resolve)               # nearest valid fresh candidate
+            or _first_fresh(candidates[np.argsort(dist[:, c], kind="stable")], taken, resolve, snap_tries))
         if pick is not None:
             taken.add(pick[1])
             out.append(pick[0])
