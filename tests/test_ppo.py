@@ -50,3 +50,23 @@ def test_the_rollouts_numpy_policy_is_the_torch_policy():
         want = agent.net(torch.from_numpy(obs))[0].exp().numpy()
     assert probs.shape == want.shape == (16, 4, 3)
     assert np.allclose(probs, want, atol=1e-5)
+
+
+def test_a_deferred_update_is_the_same_update():
+    """explore(learn=False) returns the same candidates and leaves the weights alone until learn(),
+    which then does exactly what explore(learn=True) does (Chameleon runs it beside sampling)."""
+    import torch
+
+    sizes = np.array([10, 20, 30])
+    init = np.random.default_rng(0).integers(0, sizes, (16, 3))
+    fitness = lambda c: -((c / (sizes - 1) - 0.3) ** 2).sum(1)
+    now, later = PPOAgent(sizes, seed=4), PPOAgent(sizes, seed=4)
+    before = [p.detach().clone() for p in later.net.parameters()]
+    a = now.explore(init, fitness, max_steps=40)
+    b = later.explore(init, fitness, max_steps=40, learn=False)
+    assert np.array_equal(a, b)
+    assert all(torch.equal(p, q) for p, q in zip(before, later.net.parameters()))
+    later.learn()
+    assert all(torch.equal(p, q) for p, q in zip(now.net.parameters(), later.net.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(before, later.net.parameters()))
+    assert np.array_equal(now.explore(init, fitness, max_steps=40), later.explore(init, fitness, max_steps=40))

@@ -169,7 +169,8 @@ class PPOAgent:
         torch.manual_seed(seed)
         self.net = ActorCritic(len(self.sizes), hidden)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=lr, eps=1e-5)
-        self.last_steps = 0
+        self.last_steps = self.converge_step = 0
+        self._pending = None                # a rollout not learned from yet, see explore(learn=False)
         self.history: list[float] = []      # mean raw reward per explore() call
 
     def _obs(self, configs: np.ndarray) -> np.ndarray:
@@ -209,22 +210,35 @@ class PPOAgent:
         return tuple(np.stack(x) for x in (obs_l, act_l, next_l, alive_l, reward_l))
 
     def explore(self, init_configs: np.ndarray, reward_fn, *, max_steps: int = 500,
-                max_batch: int | None = None) -> np.ndarray:
-        """Run one batch of episodes from ``init_configs``, learn from it (from at most
-        ``max_batch`` transitions, default the agent's), return every distinct config reached
-        (the candidate set S_Θ)."""
+                max_batch: int | None = None, learn: bool = True) -> np.ndarray:
+        """Run one batch of episodes from ``init_configs`` and return every distinct config reached
+        (the candidate set S_Θ); then learn from the batch (from at most ``max_batch`` transitions,
+        default the agent's).  With ``learn=False`` the batch is kept for ``learn()``: the update
+        does not change this batch's candidates, so Chameleon runs it on a second core while it
+        clusters and decodes them."""
         with one_thread():
-            return self._explore(init_configs, reward_fn, max_steps, max_batch or self.max_batch)
+            init = np.asarray(init_configs, dtype=np.int64)
+            batch = self._rollout(init, max_steps, reward_fn)
+            _, _, nxt, alive, rewards = batch
+            self.last_steps = len(nxt)
+            self.history.append(float(rewards[alive].mean()))
+            best_so_far = np.maximum.accumulate(rewards.max(1))
+            self.converge_step = int((best_so_far < best_so_far[-1]).sum()) + 1   # step the best stopped improving
+            self._pending = (batch, max_batch or self.max_batch)
+            if learn:
+                self.learn()
+        return distinct(np.concatenate([init, nxt[alive]]))
 
-    def _explore(self, init_configs, reward_fn, max_steps, max_batch):
-        init = np.asarray(init_configs, dtype=np.int64)
-        obs, act, nxt, alive, rewards = self._rollout(init, max_steps, reward_fn)
-        self.last_steps = len(obs)
-        reached = nxt[alive]                                             # (N, d) live steps only
+    def learn(self) -> None:
+        """The PPO update on the last ``explore(learn=False)``'s batch (no-op if none is pending)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            with one_thread():
+                self._learn(*pending)
+
+    def _learn(self, batch, max_batch: int) -> None:
+        obs, act, _, alive, rewards = batch
         raw = rewards[alive]
-        self.history.append(float(raw.mean()))
-        best_so_far = np.maximum.accumulate(rewards.max(1))
-        self.converge_step = int((best_so_far < best_so_far[-1]).sum()) + 1   # step the best stopped improving
         std = np.zeros_like(rewards, dtype=np.float32)
         std[alive] = (raw - raw.mean()) / (raw.std() + 1e-8)
         obs, act, alive = torch.from_numpy(obs), torch.from_numpy(act), torch.from_numpy(alive)
@@ -246,4 +260,3 @@ class PPOAgent:
             return self.net.evaluate(b_obs[idx], b_act[idx])
         ppo_update(self.net, self.opt, evaluate, b_logp, b_adv, b_ret, epochs=self.epochs, minibatch=self.minibatch,
                    clip=self.clip, vf_coef=self.vf_coef, ent_coef=self.ent_coef, gen=self.gen)
-        return distinct(np.concatenate([init, reached]))
