@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from adaptune.sampling import adaptive_sample, choose_k, greedy_top_k
+from adaptune.sampling import _first_fresh, adaptive_sample, choose_k, greedy_top_k
 
 
 def blobs(n_clusters, seed=0, d=6, per=40, spread=0.01):
@@ -76,6 +76,21 @@ def test_synthesis_respects_validity():
     out = adaptive_sample(cands, np.full(5, 32), visited, seed=0, resolve=even)
     synthesised = [c for c in out if tuple(int(x) for x in c) not in {tuple(x) for x in cands.tolist()}]
     assert all(c[0] % 2 == 0 for c in synthesised)
+
+
+def test_first_fresh_resolved_in_chunks_picks_what_one_at_a_time_picks():
+    """Resolving several tries per call (the decodes run side by side) must not change the pick:
+    the first try, in order, that is valid under a key not taken."""
+    rng = np.random.default_rng(3)
+    tries = rng.integers(0, 4, (40, 3))
+    canon = lambda cs: [None if c[0] == 3 else (int(c[0]), int(c[1]), 0) for c in cs]   # rejects, aliases
+    for seed in range(20):
+        taken = {(int(a), int(b), 0) for a, b in np.random.default_rng(seed).integers(0, 4, (6, 2))}
+        one = _first_fresh(tries, taken, canon, chunk=1)
+        for chunk in (2, 3, 4, 7):
+            got = _first_fresh(tries, taken, canon, chunk=chunk)
+            assert (got is None) == (one is None) and (got is None or (tuple(got[0]), got[1]) == (tuple(one[0]), one[1]))
+    assert one is not None and tuple(one[0]) != tuple(tries[0])    # the test means something: it skipped some
 
 
 def test_picks_snap_to_valid_members():

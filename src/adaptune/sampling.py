@@ -80,13 +80,18 @@ def _synthesise(candidates: np.ndarray, taken: set, resolve) -> tuple[np.ndarray
     return _first_fresh(tries, taken, resolve)
 
 
-def _first_fresh(configs, taken: set, resolve, limit: int | None = None) -> tuple[np.ndarray, tuple] | None:
+def _first_fresh(configs, taken: set, resolve, limit: int | None = None,
+                 chunk: int = 4) -> tuple[np.ndarray, tuple] | None:
     """The first of ``configs`` (at most ``limit`` of those not taken) that TVM accepts under a
-    key not taken, with that key; resolved one at a time, since the first usually does."""
-    for c in islice((c for c in configs if _key(c) not in taken), limit):
-        key = resolve(np.asarray(c)[None])[0]
-        if key is not None and key not in taken:
-            return c, key
+    key not taken, with that key.  Resolved ``chunk`` at a time: the decodes of a chunk run
+    side by side on the decode threads, and many tries in a row can be aliases of measured
+    configs (a location TVM settles elsewhere) or rejects; a decode past the answer is cached,
+    and the next visited cluster's synthesis walks the same list."""
+    fresh = islice((c for c in configs if _key(c) not in taken), limit)
+    while rows := list(islice(fresh, chunk)):
+        for c, key in zip(rows, resolve(np.asarray(rows))):
+            if key is not None and key not in taken:
+                return c, key
     return None
 
 
