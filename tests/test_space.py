@@ -93,9 +93,16 @@ def test_tune_state_resolves_configs_to_the_key_tvm_measures(target, conv_space)
     loc = next(i for i, kn in enumerate(conv_space.knobs) if kn.kind == LOCATION)
     configs = conv_space.random(20, np.random.default_rng(5))
     configs[:, loc] = conv_space.sizes[loc] - 1
-    keys = TuneState(conv_space).resolve(configs)
+    state = TuneState(conv_space)
+    keys = state.resolve(configs)
     assert all(key is not None and key[loc] <= c[loc] for key, c in zip(keys, configs))
-    assert any(key[loc] < c[loc] for key, c in zip(keys, configs))
+    moved = [(tuple(int(x) for x in c), key) for c, key in zip(configs, keys) if key[loc] < c[loc]]
+    assert moved
+    # a config that replays as a measured key counts as measured: strategies never pick it again
+    raw, key = moved[0]
+    assert raw not in state.measured_keys() and len(state.unmeasured(np.array([raw]))) == 1
+    state.record([np.array(key)], [1e-3])
+    assert raw in state.measured_keys() and len(state.unmeasured(np.array([raw]))) == 0
 
 
 def test_location_knob_holds_tvms_decision_and_settles_on_a_valid_one(conv_space):

@@ -32,12 +32,17 @@ class TuneState:
         self.cost_model = cost_model or CostModel(space, seed=seed)
         self.results: dict[tuple, float | None] = {}     # canonical config -> latency (None: failed)
         self.invalid: set[tuple] = set()
+        self.aliases: dict[tuple, tuple] = {}           # config -> the other key TVM replayed it as
         self.measure_s: float | None = None             # build+run seconds of the last batch
         self.overhead_s: float | None = None            # its iteration's other seconds (search, refit, ...)
 
     # -- for strategies ---------------------------------------------------------------------------
     def measured_keys(self) -> set[tuple]:
-        return self.results.keys() | self.invalid
+        """Keys measured or known invalid, and the configs known to replay as one of them (a
+        compute location TVM settles elsewhere): the agent walks back onto those often, and each
+        would otherwise cost a replay and, at the head of a cluster, a Sample Synthesis."""
+        done = self.results.keys() | self.invalid
+        return done | {raw for raw, key in self.aliases.items() if key in done}
 
     def unmeasured(self, configs: np.ndarray) -> np.ndarray:
         """Rows of ``configs`` (canonicalised, deduplicated, first-seen order) not measured or invalid."""
@@ -52,12 +57,22 @@ class TuneState:
         replayed it), or None for a config TVM rejects; rejected ones join ``invalid``.  Decodes
         are cached, so measuring a resolved config does not replay it again."""
         keys = []
-        for sch, _, canon in self.space.decode_many(np.atleast_2d(configs)):
-            key = tuple(int(x) for x in canon)
+        for sch, _, key in self._decode(configs):
             if sch is None:
                 self.invalid.add(key)
             keys.append(key if sch is not None else None)
         return keys
+
+    def _decode(self, configs: np.ndarray) -> list[tuple[object, str, tuple]]:
+        """``KnobSpace.decode_many`` with each canonical config as a key; notes the aliases."""
+        configs = self.space.canonical(configs)
+        out = []
+        for c, (sch, reason, canon) in zip(configs, self.space.decode_many(configs)):
+            raw, key = tuple(int(x) for x in c), tuple(int(x) for x in canon)
+            if raw != key:
+                self.aliases[raw] = key
+            out.append((sch, reason, key))
+        return out
 
     def best(self, k: int = 1) -> np.ndarray:
         """The ``k`` fastest measured configs."""
@@ -82,8 +97,7 @@ class TuneState:
             if want <= 0:
                 break
             proposals = strategy.propose(want) if attempt < attempts else self.space.random(8 * want, self.rng)
-            for sch, reason, canon in self.space.decode_many(np.atleast_2d(proposals)[: want * 4]):
-                key = tuple(int(x) for x in canon)
+            for sch, reason, key in self._decode(np.atleast_2d(proposals)[: want * 4]):
                 if key in keys or key in self.results or key in self.invalid:
                     continue
                 if sch is None:
@@ -91,7 +105,7 @@ class TuneState:
                     log.debug("invalid config %s: %s", key, reason)
                     continue
                 keys.add(key)
-                batch.append((canon, sch))
+                batch.append((np.array(key, dtype=np.int64), sch))
                 if len(batch) == n:
                     break
             if batch and not strategy.fills_batch:
