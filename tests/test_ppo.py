@@ -70,3 +70,16 @@ def test_a_deferred_update_is_the_same_update():
     assert all(torch.equal(p, q) for p, q in zip(now.net.parameters(), later.net.parameters()))
     assert not all(torch.equal(p, q) for p, q in zip(before, later.net.parameters()))
     assert np.array_equal(now.explore(init, fitness, max_steps=40), later.explore(init, fitness, max_steps=40))
+
+
+def test_explore_can_return_each_candidates_reward():
+    """With rewards=True every candidate comes with the cost model's score of it (what the
+    caller would get by asking again), NaN only for start states no episode reached."""
+    sizes = np.array([10, 20, 30])
+    fitness = lambda c: -((c / (sizes - 1) - 0.3) ** 2).sum(1)
+    init = np.random.default_rng(1).integers(0, sizes, (16, 3))
+    configs, scores = PPOAgent(sizes, seed=2).explore(init, fitness, max_steps=30, rewards=True)
+    assert len(configs) == len(scores) == len(np.unique(configs, axis=0)) > len(init)
+    scored = ~np.isnan(scores)
+    assert np.allclose(scores[scored], fitness(configs[scored]))
+    assert {tuple(c) for c in configs[~scored].tolist()} <= {tuple(c) for c in init.tolist()}

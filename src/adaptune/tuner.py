@@ -15,7 +15,7 @@ import numpy as np
 from .cost_model import CostModel
 from .database import RecordStore
 from .measure import WRONG, Measurer, MeasureResult
-from .space import KnobSpace, distinct, row_keys
+from .space import KnobSpace, row_keys
 from .strategies import Strategy, make_strategy
 from .target import parse_target
 from .verify import KernelChecker
@@ -44,13 +44,16 @@ class TuneState:
         done = self.results.keys() | self.invalid
         return done | {raw for raw, key in self.aliases.items() if key in done}
 
-    def unmeasured(self, configs: np.ndarray) -> np.ndarray:
-        """Rows of ``configs`` (canonicalised, deduplicated, first-seen order) not measured or invalid."""
-        canon = distinct(self.space.canonical(configs))
+    def unmeasured(self, configs: np.ndarray, *, index: bool = False):
+        """Rows of ``configs`` (canonicalised, deduplicated, first-seen order) not measured or
+        invalid; with ``index``, also the positions in ``configs`` they were taken from."""
+        canon = self.space.canonical(configs)
+        _, first = np.unique(row_keys(canon), return_index=True)
+        keep = np.sort(first)
         seen = self.measured_keys()
-        if not seen or not len(canon):
-            return canon
-        return canon[~np.isin(row_keys(canon), row_keys(np.array(list(seen), dtype=np.int64)))]
+        if seen and len(keep):
+            keep = keep[~np.isin(row_keys(canon[keep]), row_keys(np.array(list(seen), dtype=np.int64)))]
+        return (canon[keep], keep) if index else canon[keep]
 
     def resolve(self, configs: np.ndarray) -> list[tuple | None]:
         """Per row, the key the config would be measured under (its canonical form once TVM has

@@ -83,7 +83,8 @@ class Chameleon(Strategy):
             self.agent = PPOAgent(state.space.sizes, seed=int(state.rng.integers(1 << 30)))
 
     # -- exploration --------------------------------------------------------------------------------
-    def _explore(self) -> np.ndarray:
+    def _explore(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The exploration's candidates and, where it has them, their predicted fitness."""
         st = self.state
         if self.explorer == "sa":
             if self.points is None:
@@ -92,16 +93,16 @@ class Chameleon(Strategy):
                 st.space, st.cost_model.predict, st.rng, self.points, n_steps=self.sa_steps,
                 plan_size=self.pool, exclude=st.measured_keys())
             self._steps = steps
-            return cands
+            return cands, None
         n = self._effort()
         best = st.best(self.n_init_best)
         init = np.concatenate([best, st.space.random(max(n - len(best), 0), st.rng)])
-        visited = self.agent.explore(init, lambda c: st.cost_model.predict(st.space.canonical(c)),
-                                     max_steps=self.max_steps, max_batch=self.agent.max_batch * n // self.episodes,
-                                     learn=False)
+        visited, scores = self.agent.explore(
+            init, lambda c: st.cost_model.predict(st.space.canonical(c)), max_steps=self.max_steps,
+            max_batch=self.agent.max_batch * n // self.episodes, learn=False, rewards=True)
         self._steps = self.agent.converge_step
         self._learning = _learner().submit(self.agent.learn)
-        return st.space.canonical(visited)
+        return visited, scores
 
     def _effort(self) -> int:
         """Episodes for this iteration: last iteration's, scaled by how far the last ``propose``
@@ -130,7 +131,7 @@ class Chameleon(Strategy):
     def _propose(self, n: int) -> np.ndarray:
         t0 = time.perf_counter()
         try:
-            out = self._sample(self.state.unmeasured(self._explore()), n)
+            out = self._sample(*self._explore(), n)
         finally:        # inside propose's one_thread block: the update ran under its thread limits
             if self._learning is not None:
                 self._learning.result()
@@ -138,9 +139,13 @@ class Chameleon(Strategy):
         self.log[-1]["search_s"] = time.perf_counter() - t0
         return out
 
-    def _sample(self, cands: np.ndarray, n: int) -> np.ndarray:
+    def _sample(self, configs: np.ndarray, scores: np.ndarray | None, n: int) -> np.ndarray:
         st = self.state
-        scores = st.cost_model.predict(cands)
+        cands, keep = st.unmeasured(configs, index=True)
+        scores = np.full(len(cands), np.nan) if scores is None else scores[keep]
+        unscored = np.isnan(scores)
+        if unscored.any():
+            scores[unscored] = st.cost_model.predict(cands[unscored])
         visited = st.measured_keys()
         if self.sampler == "greedy":
             n_random = int(round(self.eps * n))

@@ -36,7 +36,7 @@ import torch
 from threadpoolctl import ThreadpoolController
 from torch import nn
 
-from ..space import distinct
+from ..space import row_keys
 
 _threadpools: ThreadpoolController | None = None
 _depth = 0      # one_thread blocks entered and not left (they nest: Chameleon's propose, the agent's explore)
@@ -210,24 +210,30 @@ class PPOAgent:
         return tuple(np.stack(x) for x in (obs_l, act_l, next_l, alive_l, reward_l))
 
     def explore(self, init_configs: np.ndarray, reward_fn, *, max_steps: int = 500,
-                max_batch: int | None = None, learn: bool = True) -> np.ndarray:
+                max_batch: int | None = None, learn: bool = True, rewards: bool = False):
         """Run one batch of episodes from ``init_configs`` and return every distinct config reached
-        (the candidate set S_Θ); then learn from the batch (from at most ``max_batch`` transitions,
-        default the agent's).  With ``learn=False`` the batch is kept for ``learn()``: the update
-        does not change this batch's candidates, so Chameleon runs it on a second core while it
-        clusters and decodes them."""
+        (the candidate set S_Θ), with ``rewards`` also each one's raw reward (NaN for a start
+        state never reached), so the caller need not ask the cost model again; then learn from
+        the batch (from at most ``max_batch`` transitions, default the agent's).  With
+        ``learn=False`` the batch is kept for ``learn()``: the update does not change this batch's
+        candidates, so Chameleon runs it on a second core while it clusters and decodes them."""
         with one_thread():
             init = np.asarray(init_configs, dtype=np.int64)
             batch = self._rollout(init, max_steps, reward_fn)
-            _, _, nxt, alive, rewards = batch
+            _, _, nxt, alive, reward = batch
             self.last_steps = len(nxt)
-            self.history.append(float(rewards[alive].mean()))
-            best_so_far = np.maximum.accumulate(rewards.max(1))
+            self.history.append(float(reward[alive].mean()))
+            best_so_far = np.maximum.accumulate(reward.max(1))
             self.converge_step = int((best_so_far < best_so_far[-1]).sum()) + 1   # step the best stopped improving
             self._pending = (batch, max_batch or self.max_batch)
             if learn:
                 self.learn()
-        return distinct(np.concatenate([init, nxt[alive]]))
+        states = np.concatenate([init, nxt[alive]])
+        _, first = np.unique(row_keys(states), return_index=True)
+        first.sort()
+        if not rewards:
+            return states[first]
+        return states[first], np.concatenate([np.full(len(init), np.nan), reward[alive]])[first]
 
     def learn(self) -> None:
         """The PPO update on the last ``explore(learn=False)``'s batch (no-op if none is pending)."""
