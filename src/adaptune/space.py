@@ -105,11 +105,10 @@ def row_keys(configs: np.ndarray) -> np.ndarray:
     return a.view(np.dtype((np.void, 8 * a.shape[1]))).ravel()
 
 
-def distinct(configs: np.ndarray) -> np.ndarray:
-    """The distinct rows of ``configs`` in first-seen order."""
-    configs = np.asarray(configs, dtype=np.int64)
+def first_rows(configs: np.ndarray) -> np.ndarray:
+    """Positions of the distinct rows of ``configs``, in first-seen order."""
     _, first = np.unique(row_keys(configs), return_index=True)
-    return configs[np.sort(first)]
+    return np.sort(first)
 
 
 def _decision_value(d):

@@ -15,7 +15,7 @@ import numpy as np
 from .cost_model import CostModel
 from .database import RecordStore
 from .measure import WRONG, Measurer, MeasureResult
-from .space import KnobSpace, row_keys
+from .space import KnobSpace, first_rows, row_keys
 from .strategies import Strategy, make_strategy
 from .target import parse_target
 from .verify import KernelChecker
@@ -48,8 +48,7 @@ class TuneState:
         """Rows of ``configs`` (canonicalised, deduplicated, first-seen order) not measured or
         invalid; with ``index``, also the positions in ``configs`` they were taken from."""
         canon = self.space.canonical(configs)
-        _, first = np.unique(row_keys(canon), return_index=True)
-        keep = np.sort(first)
+        keep = first_rows(canon)
         seen = self.measured_keys()
         if seen and len(keep):
             keep = keep[~np.isin(row_keys(canon[keep]), row_keys(np.array(list(seen), dtype=np.int64)))]

@@ -36,7 +36,7 @@ import torch
 from threadpoolctl import ThreadpoolController
 from torch import nn
 
-from ..space import row_keys
+from ..space import first_rows
 
 _threadpools: ThreadpoolController | None = None
 _depth = 0      # one_thread blocks entered and not left (they nest: Chameleon's propose, the agent's explore)
@@ -229,8 +229,7 @@ class PPOAgent:
             if learn:
                 self.learn()
         states = np.concatenate([init, nxt[alive]])
-        _, first = np.unique(row_keys(states), return_index=True)
-        first.sort()
+        first = first_rows(states)
         if not rewards:
             return states[first]
         return states[first], np.concatenate([np.full(len(init), np.nan), reward[alive]])[first]
