@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from adaptune.sampling import _first_fresh, adaptive_sample, choose_k, greedy_top_k
+from adaptune.sampling import _first_fresh, adaptive_sample, choose_k, coverage_probe, greedy_top_k
 
 
 def blobs(n_clusters, seed=0, d=6, per=40, spread=0.01):
@@ -145,3 +145,36 @@ def test_with_scores_each_cluster_gives_its_best_predicted_member():
     for c in out:
         near = [s for k, s in best.items() if np.abs(np.array(k) - c).max() <= 1]
         assert best[tuple(int(x) for x in c)] == max(near)
+
+
+class _TwoSpaces:
+    """Knob 0 picks one of two design spaces; knob 2 exists only in space 0."""
+    sizes = np.array([2, 4, 6])
+    active = np.array([[True, True, True], [True, True, False]])
+
+    def canonical(self, configs):
+        configs = np.clip(np.atleast_2d(configs), 0, self.sizes - 1)
+        return np.where(self.active[configs[:, 0]], configs, 0)
+
+
+def test_coverage_probe_tries_the_least_measured_value_at_the_best_config():
+    space, best = _TwoSpaces(), np.array([0, 2, 3])
+    # knob 1 measured: value 2 five times, 1 three times, 0 once, 3 never; the space-1 rows count too
+    measured = np.array([[0, 2, 1]] * 5 + [[0, 1, 1]] * 3 + [[1, 0, 0]] + [[0, 2, 4]])
+    score = lambda c: -c[:, 1].astype(float)          # the model prefers low values of knob 1
+    resolve = lambda rows: [tuple(int(x) for x in r) for r in rows]
+    taken = {tuple(r) for r in measured.tolist()}
+    c, key = coverage_probe(best, 1, space, measured, taken, resolve, score)
+    assert c.tolist() == [0, 3, 3]                    # never measured beats the model's favourite
+    c, _ = coverage_probe(best, 1, space, measured, taken | {(0, 3, 3)}, resolve, score)
+    assert c.tolist() == [0, 0, 3]                    # then the next least measured
+    rejects = lambda rows: [None if r[1] == 0 else tuple(int(x) for x in r) for r in rows]
+    c, _ = coverage_probe(best, 1, space, measured, taken | {(0, 3, 3)}, rejects, score)
+    assert c.tolist() == [0, 1, 3]                    # an invalid probe gives way to the next
+    # the design-space knob: the other space, with the knobs it does not use zeroed
+    c, key = coverage_probe(best, 0, space, measured, taken, resolve, score)
+    assert c.tolist() == [1, 2, 0] and key not in taken
+    # ties in the count go to the model's choice
+    c, _ = coverage_probe(best, 2, space, measured, taken, resolve, lambda c: c[:, 2].astype(float))
+    assert c.tolist() == [0, 2, 5]
+    assert coverage_probe(best, 1, space, measured, taken | {(0, v, 3) for v in range(4)}, resolve, score) is None

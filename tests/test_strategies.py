@@ -86,3 +86,23 @@ def test_rl_search_effort_follows_measurement_cost(conv_space):
     state.measure_s, state.overhead_s = 1e-9, 1.0
     paper.propose(8), paper.propose(8)
     assert [e["episodes"] for e in paper.log] == [64, 64]
+
+
+def test_adaptive_sampling_adds_one_coverage_probe_at_the_best_config(conv_space):
+    state = TuneState(conv_space, seed=0)
+    configs = conv_space.random(60, state.rng)
+    state.record(configs, list(1e-3 * (1 + conv_space.normalized(configs)[:, 2])))
+    state.refit()
+    best = state.best(1)[0]
+    ch = make_strategy("rl+as", episodes=16, max_steps=20, pool=64)
+    ch.setup(state)
+    for _ in range(3):
+        out = ch.propose(16)
+        k = ch.log[-1]["k"]
+        assert len(out) == k + 1 and not ({tuple(c) for c in out} & state.measured_keys())
+        probe = state.space.canonical(out[-1])[0]
+        changed = np.flatnonzero(probe != best)
+        assert len(changed) == 1 or changed[0] == 0     # one knob of the best (or its design space)
+    none = make_strategy("rl+as", episodes=16, max_steps=20, pool=64, probes=0)
+    none.setup(state)
+    assert len(none.propose(16)) == none.log[-1]["k"]
