@@ -25,10 +25,11 @@ MetaSchedule; the first two were compared with the paper's choice only in single
   it the search could settle for good on one value of a small knob that the first good configs
   happened to share (L7, L8: a 4-valued spatial tile measured at its best value 3% of the time,
   and those runs ended 19-25% slower than the best kernels known).  Over seeds 3-5 on L1-L8
-  (rl+as alone, 256 trials, znver4), latency relative to the best kernel known per layer went
-  from 1.134 to 1.076 after 128 measurements and from 1.066 to 1.049 at the end (geomeans);
-  per run it helped 13 times and hurt 10, so a small gain within the runs' spread, not a cure:
-  a basin that differs in two or three knobs at once (L8 at seed 3) is still missed.
+  (rl+as alone, 256 trials, znver4), latency relative to the best kernel any earlier run (ours or
+  MetaSchedule's) had found per layer went from 1.134 to 1.076 after 128 measurements and from
+  1.066 to 1.049 at the end (geomeans); per run it helped 13 times and hurt 10: a small gain
+  within the runs' spread, not a cure.  A basin that differs in two or three knobs at once (L8
+  at seed 3) is still missed.
 
 Off by default: ``overhead_share=0.08`` makes search effort follow measurement cost.  The agent
 then gets what is left of an overhead budget, that share of the last batch's build+run seconds,
