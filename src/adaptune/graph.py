@@ -28,10 +28,6 @@ class Task:
     mod: "tvm.IRModule"               # the PrimFunc to tune, as "main"
     flops: float
 
-    @property
-    def tunable(self) -> bool:
-        return self.flops > 0
-
 
 def op_counts(mod) -> Counter:
     """How many calls of each Relax operator / fused kernel the module's Relax functions make."""

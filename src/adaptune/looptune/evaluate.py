@@ -38,7 +38,6 @@ class Evaluator:
         self.args = [tvm.runtime.tensor(a, self.dev) for a in inputs]
         self.args.append(tvm.runtime.empty(self.expected.shape, "float32", self.dev))
         self.cache: dict[tuple, float] = {}
-        self.build_seconds = 0.0
 
     def __call__(self, nest: LoopNest) -> float:
         """GFLOPS of ``nest`` (0.0 for a nest TVM cannot build, logged)."""
@@ -53,13 +52,10 @@ class Evaluator:
     def seconds(self, nest: LoopNest) -> float:
         """Build, check and time ``nest`` (not cached)."""
         from .._tvm import tvm
-        t0 = time.perf_counter()
         try:
             ex = tvm.compile(nest.schedule().mod, self.target)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the search goes on
             raise NestError(f"nest did not build: {str(e).splitlines()[-1][:200]}") from e
-        finally:
-            self.build_seconds += time.perf_counter() - t0
         fn = ex["main"]
         self.args[-1].copyfrom(np.zeros(self.expected.shape, np.float32))
         for _ in range(self.warmup):
