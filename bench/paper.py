@@ -114,9 +114,11 @@ def report(table, strategies, trials) -> dict:
         if base not in reach or with_as not in reach:
             continue
         pairs = [(a, b) for a, b in zip(reach[base], reach[with_as]) if a and b]
-        ratio = geomean([a / b for a, b in pairs]) if pairs else float("nan")
-        print(f"Fig. 7b: measurements to reach ms-evo's best, {base} / {with_as}: geomean {ratio:.2f}x "
-              f"over {len(pairs)} layer(s) where both reached it")
+        if not pairs:
+            print(f"Fig. 7b: measurements to reach ms-evo's best, {base} / {with_as}: no layer where both reached it")
+            continue
+        print(f"Fig. 7b: measurements to reach ms-evo's best, {base} / {with_as}: "
+              f"geomean {geomean([a / b for a, b in pairs]):.2f}x over {len(pairs)} layer(s) where both reached it")
     return {n: (latency[n], *reach_ratio[n]) for n in strategies}
 
 
