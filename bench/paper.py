@@ -72,7 +72,7 @@ def report(table, strategies, trials) -> dict:
             cells.append(f"{m} ({s:.0f}s)" if m else "-")
         reach[n] = vals
         g = geomean(vals)
-        print(f"{n:16s}" + "".join(f"{c:>13s}" for c in cells) + (f"{g:10.1f}" if g == g else f"{'-':>10s}")
+        print(f"{n:16s}" + "".join(f"{c:>13s}" for c in cells) + (f"{'-':>10s}" if np.isnan(g) else f"{g:10.1f}")
               + f"  {sum(v is not None for v in vals)}/{len(vals)}")
     print("\nFewer measurements than ms-evolutionary to reach its final best (ms-evo's count / ours; "
           "where ours did not reach it, ms-evo's count / budget, an upper bound)")
