@@ -13,6 +13,11 @@ final best / ours; where ours never reached it, ms-evo's / the budget, an upper 
 and the best after half the budget relative to ms-evo's final best.  Per layer it takes the
 geometric mean over runs, then over layers, so a layer run three times weighs as much as one
 run once.  Only complete runs (both searches measured ``--trials``) are used.
+
+``--cross`` compares each of our runs with every complete ms-evo run of the layer under any of
+the folders, not only the one beside it (geometric mean over those pairs): ms-evo's own runs
+differ by seed as much as ours (L8: its final best over ten runs spans 10%, the measurements it
+took to get there 60 to 250), so one pairing per run adds ms-evo's luck to ours.
 """
 from __future__ import annotations
 
@@ -25,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import adaptune_curve, geomean, ms_curve  # noqa: E402
 
 
-def pair(root: Path, layer: str, strategy: str, trials: int):
-    """(final latency ratio, reach ratio, reached?, half-budget ratio) of one run, or None."""
-    ours_dir, ms_dir = root / f"{layer}-{strategy}", root / f"{layer}-ms-evolutionary"
+def pair(root: Path, layer: str, strategy: str, trials: int, ms_root: Path | None = None):
+    """(final latency ratio, reach ratio, reached?, half-budget ratio) of one run against the ms-evo
+    run beside it (or under ``ms_root``), or None."""
+    ours_dir, ms_dir = root / f"{layer}-{strategy}", (ms_root or root) / f"{layer}-ms-evolutionary"
     if not (ours_dir.is_dir() and ms_dir.is_dir()):
         return None
     ours, theirs = adaptune_curve(ours_dir), ms_curve(ms_dir, 0.0)
@@ -43,19 +49,33 @@ def pair(root: Path, layer: str, strategy: str, trials: int):
     return ours[-1][2] / ref, m_ref / (m or trials), m is not None, (half or float("nan")) / ref
 
 
+def against(root: Path, layer: str, args):
+    """``pair`` of one of our runs, or with ``--cross`` its geometric mean over every ms-evo run of
+    the layer (reached: in all of those pairs)."""
+    if not args.cross:
+        return pair(root, layer, args.strategy, args.trials)
+    runs = [r for ms_root in args.roots if (r := pair(root, layer, args.strategy, args.trials, ms_root))]
+    if not runs:
+        return None
+    lat, reach, half = (geomean([r[i] for r in runs]) for i in (0, 1, 3))
+    return lat, reach, all(r[2] for r in runs), half
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("roots", nargs="+", type=Path, help="--out folders of bench/paper.py")
     ap.add_argument("--strategy", default="rl+as")
     ap.add_argument("--trials", type=int, default=256)
     ap.add_argument("--layers", nargs="+", default=[f"L{i}" for i in range(1, 9)])
+    ap.add_argument("--cross", action="store_true",
+                    help="compare each of our runs with every ms-evo run of the layer, from any folder")
     args = ap.parse_args()
-    found = {layer: [(root, r) for root in args.roots if (r := pair(root, layer, args.strategy, args.trials))]
-             for layer in args.layers}
+    found = {layer: [(root, r) for root in args.roots if (r := against(root, layer, args))] for layer in args.layers}
     found = {layer: runs for layer, runs in found.items() if runs}
     if not found:
         sys.exit(f"error: no complete {args.strategy} / ms-evolutionary pair under {[str(r) for r in args.roots]}")
-    print(f"{args.strategy} against ms-evolutionary, {args.trials} measurements per run; per run: "
+    print(f"{args.strategy} against {'every' if args.cross else 'its'} ms-evolutionary run, "
+          f"{args.trials} measurements per run; per run: "
           "latency ratio / reach ratio (* = not reached, an upper bound) / best after half the budget")
     per_layer = []
     for layer, runs in found.items():

@@ -47,3 +47,16 @@ def test_pooled_command_geomeans_layers_and_rejects_empty_folders(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH / "pooled.py"), str(tmp_path / "none")],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().startswith("error:") and not bad.stdout
+
+
+def test_cross_pairs_each_run_with_every_ms_evo_run(tmp_path):
+    _run(tmp_path / "a", "L1", [2.0, 1.0], [2.0, 2.0])
+    _run(tmp_path / "b", "L1", [3.0, 3.0], [4.0, 1.0])
+    cmd = [sys.executable, str(BENCH / "pooled.py"), str(tmp_path / "a"), str(tmp_path / "b"), "--trials", "2"]
+    own, cross = (subprocess.run(cmd + extra, capture_output=True, text=True) for extra in ([], ["--cross"]))
+    assert own.returncode == 0 and cross.returncode == 0, own.stderr + cross.stderr
+    # beside its own: a reaches at once (1/1), b never (bound 2/2); crossed, b against a's ms-evo
+    # (best 2.0 after 1) never gets there either: 1/2, so b's reach is sqrt(1/2 * 1)
+    assert "reach 1.00" in own.stdout and "b: 3.00/1.00*/3.00" in own.stdout
+    assert "L1: n=2  latency 1.22  reach 0.84  half 1.73" in cross.stdout
+    assert "b: 2.12/0.71*/2.12" in cross.stdout
