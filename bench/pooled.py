@@ -16,8 +16,8 @@ run once.  Only complete runs (both searches measured ``--trials``) are used.
 
 ``--cross`` compares each of our runs with every complete ms-evo run of the layer under any of
 the folders, not only the one beside it (geometric mean over those pairs): ms-evo's own runs
-differ by seed as much as ours (L8: its final best over ten runs spans 10%, the measurements it
-took to get there 60 to 250), so one pairing per run adds ms-evo's luck to ours.
+differ by seed as much as ours (L8, ten runs: its final best spans 21%, the measurements it took
+to get there 72 to 251), so one pairing per run adds ms-evo's luck to ours.
 """
 from __future__ import annotations
 
