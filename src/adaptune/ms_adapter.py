@@ -42,6 +42,7 @@ class MetaScheduleStrategy(PySearchStrategy):
                 config = space.encode(rec.trace)
                 if config is not None:
                     self.state.record([config], [float(np.median([float(x) for x in rec.run_secs]))])
+            self.state.resolve(np.array(list(self.state.results), dtype=np.int64))   # see TaskTuner
             self.state.refit()
 
     def post_tuning(self) -> None:

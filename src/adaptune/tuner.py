@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import tvm_ffi
 
 from .cost_model import CostModel
 from .database import RecordStore
@@ -33,14 +34,15 @@ class TuneState:
         self.results: dict[tuple, float | None] = {}     # canonical config -> latency (None: failed)
         self.invalid: set[tuple] = set()
         self.aliases: dict[tuple, tuple] = {}           # config -> the other key TVM replayed it as
+        self.kernels: dict[int, tuple] = {}             # structural hash of a decoded kernel -> its key
         self.measure_s: float | None = None             # build+run seconds of the last batch
         self.overhead_s: float | None = None            # its iteration's other seconds (search, refit, ...)
 
     # -- for strategies ---------------------------------------------------------------------------
     def measured_keys(self) -> set[tuple]:
-        """Keys measured or known invalid, and the configs known to replay as one of them (a
-        compute location TVM settles elsewhere): the agent walks back onto those often, and each
-        would otherwise cost a replay and, at the head of a cluster, a Sample Synthesis."""
+        """Keys measured or known invalid, and the configs known to be one of them once replayed
+        (see ``_decode``): the agent walks back onto those often, and each would otherwise cost a
+        replay and, at the head of a cluster, a Sample Synthesis."""
         done = self.results.keys() | self.invalid
         return done | {raw for raw, key in self.aliases.items() if key in done}
 
@@ -66,13 +68,21 @@ class TuneState:
         return keys
 
     def _decode(self, configs: np.ndarray) -> list[tuple[object, str, tuple]]:
-        """``KnobSpace.decode_many`` with each canonical config as a key; notes the aliases."""
+        """``KnobSpace.decode_many``, keyed by kernel: a config's key is the first config seen that
+        gives the same kernel (same TIR after the postprocessors); notes the aliases.
+
+        Different knob values can give one kernel.  TVM settles a compute location it cannot use
+        elsewhere, and many locations give one loop nest: at the best L7 config, 24 values of the
+        location knob give 4 kernels.  Keyed by knob values, 2-3% of a run's measurements timed a
+        kernel already measured (MetaSchedule's own search skips those by structural hash too)."""
         configs = self.space.canonical(configs)
         out = []
         for c, (sch, reason, canon) in zip(configs, self.space.decode_many(configs)):
             raw, key = tuple(int(x) for x in c), tuple(int(x) for x in canon)
-            if raw != key:
-                self.aliases[raw] = key
+            if sch is not None:
+                key = self.kernels.setdefault(tvm_ffi.structural_hash(sch.mod), key)
+            for alias in {raw, tuple(int(x) for x in canon)} - {key}:
+                self.aliases[alias] = key
             out.append((sch, reason, key))
         return out
 
@@ -183,6 +193,7 @@ class TaskTuner:
                     self.failures[res.error] = self.failures.get(res.error, 0) + 1
             if len(configs):
                 log.info("%s: resumed %d measured record(s)", self.label, len(configs))
+                self.state.resolve(configs)     # their kernels, so no alias of one is measured again
                 self.state.refit()
         self.done0 = len(self.state.results)
         self.setup_time = time.perf_counter() - self.t0
