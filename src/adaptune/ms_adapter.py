@@ -42,7 +42,8 @@ class MetaScheduleStrategy(PySearchStrategy):
                 config = space.encode(rec.trace)
                 if config is not None:
                     self.state.record([config], [float(np.median([float(x) for x in rec.run_secs]))])
-            self.state.resolve(np.array(list(self.state.results), dtype=np.int64))   # see TaskTuner
+            if self.state.results:      # their kernels, so no alias of one is measured again
+                self.state.resolve(np.array(list(self.state.results), dtype=np.int64))
             self.state.refit()
 
     def post_tuning(self) -> None:
