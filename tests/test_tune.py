@@ -134,29 +134,28 @@ def test_kill_9_then_resume_loses_nothing(tmp_path):
     assert len(db) == sum(r["error"] == "ok" for r in after)
 
 
-def test_metaschedule_runs_an_adaptune_strategy(tmp_path, target):
+def _ms_tune(work_dir, target, trials: int, seed: int):
+    """MetaSchedule's own loop with adaptune's ``sa`` as its search strategy, on DENSE."""
     import adaptune
     from adaptune._build import fast_build
 
-    db = ms.tune_tir(DENSE.mod(), target, work_dir=str(tmp_path), max_trials_global=8, num_trials_per_iter=4,
-                     strategy=adaptune.MetaScheduleStrategy("sa", seed=1),
-                     builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=2), cost_model="random")
+    return ms.tune_tir(DENSE.mod(), target, work_dir=str(work_dir), max_trials_global=trials, num_trials_per_iter=4,
+                       strategy=adaptune.MetaScheduleStrategy("sa", seed=seed),
+                       builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=2), cost_model="random")
+
+
+def test_metaschedule_runs_an_adaptune_strategy(tmp_path, target):
+    db = _ms_tune(tmp_path, target, 8, seed=1)
     assert len(db) == 8
     sch = ms.tir_integration.compile_tir(db, DENSE.mod(), target)
     assert sch is not None and check_numerics(DENSE, sch, target)[0]
 
 
-
 def test_metaschedule_strategy_resumes_from_its_database(tmp_path, target):
     """A database that knows the workload but holds no record, then one that holds the first run's
     records: both start (the records' kernels are registered, none is measured again)."""
-    import adaptune
-    from adaptune._build import fast_build
-
     ms.database.JSONDatabase(work_dir=str(tmp_path)).commit_workload(DENSE.mod())
     for seed in (1, 2):
-        db = ms.tune_tir(DENSE.mod(), target, work_dir=str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
-                         strategy=adaptune.MetaScheduleStrategy("sa", seed=seed),
-                         builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=2), cost_model="random")
+        db = _ms_tune(tmp_path, target, 4, seed=seed)
     recs = db.get_all_tuning_records()
     assert len(recs) == 8 and len({str(r.trace) for r in recs}) == 8
