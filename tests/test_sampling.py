@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from adaptune.sampling import _first_fresh, adaptive_sample, choose_k, coverage_probe, greedy_top_k
+from adaptune.sampling import _first_fresh, adaptive_sample, choose_k, coverage_probe, greedy_top_k, refine_on_model
 
 
 def blobs(n_clusters, seed=0, d=6, per=40, spread=0.01):
@@ -178,3 +178,14 @@ def test_coverage_probe_tries_the_least_measured_value_at_the_best_config():
     c, _ = coverage_probe(best, 2, space, measured, taken, resolve, lambda c: c[:, 2].astype(float))
     assert c.tolist() == [0, 2, 5]
     assert coverage_probe(best, 1, space, measured, taken | {(0, v, 3) for v in range(4)}, resolve, score) is None
+
+
+def test_refine_on_model_moves_the_probe_to_its_partner_values_and_keeps_the_probed_knob():
+    space = _TwoSpaces()
+    # the model likes knob 2 equal to knob 1, and a little the higher knob 1
+    score = lambda c: -np.abs(c[:, 2] - c[:, 1]).astype(float) + 0.1 * c[:, 1]
+    assert refine_on_model(np.array([0, 1, 5]), 1, space, score).tolist() == [0, 1, 1]   # knob 1 stays
+    assert refine_on_model(np.array([0, 1, 5]), 2, space, score).tolist() == [0, 3, 5]   # knob 2 stays
+    # the design-space knob never moves, and a knob the space does not use stays zero
+    assert refine_on_model(np.array([1, 0, 4]), 1, space, score).tolist() == [1, 0, 0]
+    assert refine_on_model(np.array([1, 0, 0]), 2, space, lambda c: c[:, 1].astype(float)).tolist() == [1, 3, 0]
