@@ -1,6 +1,6 @@
 import numpy as np
 
-from adaptune.strategies import STRATEGIES, make_strategy
+from adaptune.strategies import STRATEGIES, chameleon, make_strategy
 from adaptune.strategies.sa import simulated_annealing
 from adaptune.tuner import TuneState
 
@@ -88,7 +88,7 @@ def test_rl_search_effort_follows_measurement_cost(conv_space):
     assert [e["episodes"] for e in paper.log] == [64, 64]
 
 
-def test_adaptive_sampling_adds_one_coverage_probe_at_the_best_config(conv_space):
+def test_adaptive_sampling_adds_one_coverage_probe_at_the_best_config(conv_space, monkeypatch):
     state = TuneState(conv_space, seed=0)
     configs = conv_space.random(60, state.rng)
     state.record(configs, list(1e-3 * (1 + conv_space.normalized(configs)[:, 2])))
@@ -96,13 +96,22 @@ def test_adaptive_sampling_adds_one_coverage_probe_at_the_best_config(conv_space
     best = state.best(1)[0]
     ch = make_strategy("rl+as", episodes=16, max_steps=20, pool=64)
     ch.setup(state)
-    for _ in range(3):
+    refits = []                                          # (probed knob) per refit on the model
+    refine = chameleon.refine_on_model
+    monkeypatch.setattr(chameleon, "refine_on_model", lambda c, knob, *a: refits.append(knob) or refine(c, knob, *a))
+    bare = make_strategy("rl+as", episodes=16, max_steps=20, pool=64, probe_refine=False)
+    bare.setup(state)
+    knobs = np.flatnonzero(state.space.active[best[0]] & (state.space.sizes > 1))
+    for i in range(3):
         out = ch.propose(16)
         k = ch.log[-1]["k"]
         assert len(out) == k + 1 and not ({tuple(c) for c in out} & state.measured_keys())
         probe = state.space.canonical(out[-1])[0]
-        changed = np.flatnonzero(probe != best)
-        assert len(changed) == 1 or changed[0] == 0     # one knob of the best (or its design space)
+        assert probe[knobs[i]] != best[knobs[i]]        # the knobs probed in turn
+        out = bare.propose(16)                          # unrefined: one knob of the best (or its space)
+        changed = np.flatnonzero(state.space.canonical(out[-1])[0] != best)
+        assert len(changed) == 1 or changed[0] == 0
+    assert refits == list(knobs[:3])                     # the refined one refits each probe, the bare one none
     none = make_strategy("rl+as", episodes=16, max_steps=20, pool=64, probes=0)
     none.setup(state)
     assert len(none.propose(16)) == none.log[-1]["k"]

@@ -28,8 +28,15 @@ MetaSchedule; the first two were compared with the paper's choice only in single
   (rl+as alone, 256 trials, znver4), latency relative to the best kernel any earlier run (ours or
   MetaSchedule's) had found per layer went from 1.134 to 1.076 after 128 measurements and from
   1.066 to 1.049 at the end (geomeans); per run it helped 13 times and hurt 10: a small gain
-  within the runs' spread, not a cure.  A basin that differs in two or three knobs at once (L8
-  at seed 3) is still missed.
+  within the runs' spread, not a cure.  A basin that differs in two knobs at once (L8: the
+  7-long h tile innermost is fast only with an inner channel factor of 2 or 4) was still missed,
+  so with ``probe_refine`` (default) the other knobs of the probe are then refit to the new value
+  by coordinate ascent on the cost model (``sampling.refine_on_model``; the bare probe if the
+  refit gives a kernel already measured).  Seeds 3, 4, 5, 7, 8 on L1-L8 (256 trials, znver4),
+  each run against every ms-evo run of its layer (``bench/pooled.py --cross``): reach 1.98x ->
+  2.35x, latency 0.95 -> 0.92, best after half the budget 0.98 -> 0.95 (geomeans over layers);
+  per seed better 4 times of 5 (1.47-2.64x -> 1.89-2.88x); L8 reach 1.03x -> 1.63x.  It costs
+  ~10 ms a probe on L8 (one cost-model call per knob per sweep), no measurable overhead.
 
 Off by default: ``overhead_share=0.08`` makes search effort follow measurement cost.  The agent
 then gets what is left of an overhead budget, that share of the last batch's build+run seconds,
@@ -49,7 +56,7 @@ from functools import cache
 
 import numpy as np
 
-from ..sampling import adaptive_sample, coverage_probe, greedy_top_k
+from ..sampling import adaptive_sample, coverage_probe, greedy_top_k, refine_on_model
 from .base import Strategy, register
 from .ppo import PPOAgent, one_thread
 from .sa import simulated_annealing
@@ -72,7 +79,8 @@ class Chameleon(Strategy):
     def __init__(self, episodes: int = 128, max_steps: int = 500, n_chains: int = 128, sa_steps: int = 500,
                  pool: int = 512, k_min: int = 8, k_max: int = 64, threshold: float = 2.5, eps: float = 0.05,
                  n_init_best: int = 16, snap: str = "best", n_first: int = 16,
-                 overhead_share: float | None = None, min_episodes: int = 32, probes: int = 1):
+                 overhead_share: float | None = None, min_episodes: int = 32, probes: int = 1,
+                 probe_refine: bool = True):
         self.episodes, self.max_steps, self.n_chains, self.sa_steps = episodes, max_steps, n_chains, sa_steps
         self.pool, self.k_min, self.k_max, self.threshold, self.eps = pool, k_min, k_max, threshold, eps
         self.n_init_best = n_init_best
@@ -81,7 +89,7 @@ class Chameleon(Strategy):
         self.snap, self.n_first = snap, n_first
         self.overhead_share, self.min_episodes = overhead_share, min(min_episodes, episodes)
         self.n_episodes = episodes      # this iteration's, see _effort
-        self.probes, self._probe_knob = probes, 0
+        self.probes, self.probe_refine, self._probe_knob = probes, probe_refine, 0
         self.fills_batch = self.sampler == "greedy"
         self.agent: PPOAgent | None = None
         self._learning: Future | None = None     # the agent's PPO update, running beside the sampling
@@ -191,6 +199,11 @@ class Chameleon(Strategy):
             knob = knobs[self._probe_knob % len(knobs)]
             self._probe_knob += 1
             pick = coverage_probe(best, knob, st.space, measured, taken, st.resolve, st.cost_model.predict)
+            if pick is not None and self.probe_refine:
+                refined = refine_on_model(pick[0], knob, st.space, st.cost_model.predict)
+                key = st.resolve(refined[None])[0]
+                if key is not None and key not in taken:
+                    pick = (refined, key)
             if pick is not None:
                 taken.add(pick[1])
                 out.append(pick[0])
