@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from adaptune.sampling import _first_fresh, adaptive_sample, choose_k, coverage_probe, greedy_top_k, refine_on_model
+from adaptune.space import KnobSpace
 
 
 def blobs(n_clusters, seed=0, d=6, per=40, spread=0.01):
@@ -155,6 +156,8 @@ class _TwoSpaces:
     def canonical(self, configs):
         configs = np.clip(np.atleast_2d(configs), 0, self.sizes - 1)
         return np.where(self.active[configs[:, 0]], configs, 0)
+
+    movable = KnobSpace.movable
 
 
 def test_coverage_probe_tries_the_least_measured_value_at_the_best_config():

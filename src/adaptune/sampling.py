@@ -190,7 +190,7 @@ def refine_on_model(config: np.ndarray, fixed: int, space, score, sweeps: int = 
     learns it is poor, and the basin is never entered."""
     c = space.canonical(config)[0]
     for _ in range(sweeps):
-        for j in np.flatnonzero(space.active[c[0]] & (space.sizes > 1)):
+        for j in np.flatnonzero(space.movable(c)):
             if j in (0, fixed):
                 continue
             cand = np.repeat(c[None], space.sizes[j], 0)

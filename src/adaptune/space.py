@@ -274,11 +274,16 @@ class KnobSpace:
                 out.append(config)
         return np.array(out, dtype=np.int64).reshape(-1, self.ndim)
 
+    def movable(self, configs: np.ndarray) -> np.ndarray:
+        """Per row, the knobs a move can change: used by its design space and with more than one value."""
+        configs = np.asarray(configs)
+        return self.active[configs[..., 0]] & (self.sizes > 1)
+
     def random_walk(self, configs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """AutoTVM's neighbour move: one active knob of each config set to a different random value."""
         configs = np.array(configs, dtype=np.int64, copy=True)
         n = len(configs)
-        movable = self.active[configs[:, 0]] & (self.sizes > 1)
+        movable = self.movable(configs)
         weights = movable / np.maximum(movable.sum(1, keepdims=True), 1)
         k = np.array([rng.choice(self.ndim, p=w) if w.sum() > 0 else 0 for w in weights])
         size = self.sizes[k]

@@ -192,7 +192,7 @@ class Chameleon(Strategy):
         if not len(best) or room <= 0:
             return np.empty((0, st.space.ndim), dtype=np.int64)
         best = best[0]
-        knobs = np.flatnonzero(st.space.active[best[0]] & (st.space.sizes > 1))
+        knobs = np.flatnonzero(st.space.movable(best))
         taken = visited | {tuple(int(x) for x in c) for c in picked}
         measured = np.array(list(st.results), dtype=np.int64).reshape(-1, st.space.ndim)
         for _ in range(min(self.probes, room, len(knobs))):

@@ -113,7 +113,7 @@ class RLDirect(Strategy):
     def _observe(self, env: _Env):
         space = self.state.space
         obs = np.concatenate([self.shape_obs, space.normalized(env.config)[0], [env.alpha]]).astype(np.float32)
-        movable = space.active[env.config[0]] & (space.sizes > 1)
+        movable = space.movable(env.config)
         mask = np.stack([movable & (env.config > 0), movable & (env.config < space.sizes - 1)], 1).ravel()
         return torch.from_numpy(obs), torch.from_numpy(mask if mask.any() else np.ones_like(mask))
 
