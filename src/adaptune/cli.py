@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "with dynamic dims and PyTorch models without example_input_shape)")
         q.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), or a JSON dict')
         q.add_argument("--no-library", action="store_true",
-                       help="all generated kernels: run no conv/matmul with PyTorch's kernel "
-                            "(default: per operator, whichever of the two measures faster)")
+                       help="all generated kernels: run no conv/dense chain as a fused oneDNN call "
+                            "(default: per chain, whichever measures faster, kept only if the model gets faster)")
 
     t = sub.add_parser("tune", help="tune every operator of a model, then compile, check and time it")
     model_args(t, default="demo-cnn")
@@ -118,9 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(c)
     c.add_argument("--db", required=True, help="work dir of `adaptune tune`")
     c.add_argument("-o", "--output", required=True, help="library file to write (.so)")
-    b = sub.add_parser("bench", help="latency of untuned TVM, tuned TVM, PyTorch eager and ONNX Runtime")
+    b = sub.add_parser("bench", help="latency of untuned TVM, adaptune, PyTorch eager, torch.compile and ONNX Runtime")
     model_args(b)
     b.add_argument("--db", default=None, help="work dir of `adaptune tune` (omit to time untuned TVM only)")
+    b.add_argument("--json", default=None, metavar="FILE", help="write the table as JSON")
+    b.add_argument("--profile", action="store_true", help="time per kernel of adaptune's model, grouped")
+    b.add_argument("--rounds", type=int, default=5, help="timing rounds, contenders alternated (default 5)")
     r = sub.add_parser("report", help="PNG plots and an HTML page for a model work dir")
     r.add_argument("work_dir")
     r.add_argument("-o", "--output", default=None, help="folder for the report (default: WORK_DIR/report)")

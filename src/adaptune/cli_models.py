@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from .cli import UsageError, _fail, _progress, make_measurer, run_guarded
-from .library import chosen
 
 
 class _Bad(Exception):
@@ -53,45 +52,37 @@ def _load(args):
 @contextlib.contextmanager
 def _spinner(text: str):
     from rich.console import Console
-    with Console(stderr=True).status(text):
-        yield
+    with Console(stderr=True).status(text) as status:
+        yield status
 
 
 def _ms(sec) -> str:
     return "-" if sec is None else f"{sec * 1e3:.3f} ms"
 
 
-def _compile_checked(model, target, db=None, library=()):
-    """Build (tuned when ``db`` is given, with ``library`` ops on PyTorch), check against the
-    reference; returns (executable, error)."""
-    from . import compile as C
-    what = "untuned" if db is None else "tuned + library" if library else "tuned"
-    with _spinner(f"compiling {what} {model.name}"):
-        ex = C.build_tuned(model, db, target, library) if db is not None else C.build_untuned(model, target)
-    with _spinner("checking numerics against the reference"):
-        err = C.check(ex, model)
-    return ex, err
-
-
-def _library_plan(args, model, target, db) -> list:
-    """Woodpecker's per-operator choice (empty with --no-library), shown as a table."""
-    if args.no_library:
-        return []
+def _choice_table(best) -> None:
+    """The per-chain choice (oneDNN's fused call or our kernel) and the whole-model builds behind it."""
     from rich.console import Console
     from rich.table import Table
-
-    from .library import plan_model
-    with _spinner("timing PyTorch's conv/matmul kernels against the tuned ones"):
-        choices = plan_model(model, db, target)
-    if choices:
-        table = Table(title="per-operator choice: PyTorch's kernel or ours (--no-library: ours everywhere)")
-        for col in ("operator", "calls", "PyTorch", "tuned (fused)", "uses"):
-            table.add_column(col, justify="left" if col in ("operator", "uses") else "right")
-        for c in choices:
+    console = Console()
+    if best.choices:
+        table = Table(title="per chain: oneDNN's fused call or our tuned kernel (--no-library: ours everywhere)")
+        for col in ("chain", "calls", "oneDNN", "tuned (fused)", "faster"):
+            table.add_column(col, justify="left" if col in ("chain", "faster") else "right")
+        for c in best.choices:
             table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.generated_s),
-                          "PyTorch" if c.use_library else "generated")
-        Console().print(table)
-    return choices
+                          "oneDNN" if c.use_library else "generated")
+        console.print(table)
+    console.print("whole model: " + ", ".join(f"{b.name} {_ms(b.seconds)}" for b in best.builds) +
+                  f"  ->  keeps the {best.best.name} build")
+
+
+def _build_best(args, model, target, db):
+    from .compile import build_best
+    with _spinner("building and timing the tuned model (all generated, all library, per-chain choice)"):
+        best = build_best(model, db, target, library=not args.no_library)
+    _choice_table(best)
+    return best
 
 
 def cmd_tune(args) -> int:
@@ -151,28 +142,28 @@ def cmd_tune(args) -> int:
         return 1
     try:
         db = C.open_database(work_dir)
-        ex0, _ = _compile_checked(model, target)
-        ex1, err = _compile_checked(model, target, db)
-        choices = _library_plan(args, model, target, db)
-        lib_ops = chosen(choices)
-        ex2, err2 = _compile_checked(model, target, db, lib_ops) if lib_ops else (None, None)
+        with _spinner("building untuned TVM"):
+            ex0 = C.build_untuned(model, target)
+            C.check(ex0, model)
+        best = _build_best(args, model, target, db)
     except NumericsError as e:
         return _fail(f"tuned model fails the numerical check: {e}", 1)
-    x = model.example_inputs()
-    with _spinner("timing untuned and tuned models"):
-        t0, t1 = C.time_vm(ex0, x), C.time_vm(ex1, x)
-        t2 = C.time_vm(ex2, x) if ex2 is not None else None
+    gen = next(b for b in best.builds if b.name == "generated")
+    with _spinner("timing untuned TVM"):
+        t0 = C.time_vm(ex0, model.example_inputs())
     meta_path = work_dir / MODEL_META
     meta = json.loads(meta_path.read_text())
-    meta["compiled"] = {"untuned_s": t0, "tuned_s": t1, "max_rel_error": err, "with_library_s": t2}
-    meta["library"] = [c.as_dict() for c in choices]
-    meta_path.write_text(json.dumps(meta, indent=1))
+    meta["compiled"] = {"untuned_s": t0, "tuned_s": gen.seconds, "max_rel_error": best.best.error,
+                        "final_s": best.best.seconds, "final_build": best.best.name}
+    meta["library"] = [c.as_dict() for c in best.choices]
+    _write_meta(meta_path, meta)
     console.print(f"numerics vs {'PyTorch' if model.torch_module is not None else 'reference'}: PASS "
-                  f"(max error {max(err, err2 or 0):.1e} of output scale)")
-    console.print(f"[bold]{model.name}: untuned TVM {_ms(t0)}  ->  tuned {_ms(t1)}   speedup {t0 / t1:.1f}x[/]")
-    if t2 is not None:
-        console.print(f"[bold]with PyTorch's kernel for {len(lib_ops)} of {len(choices)} conv/matmul signatures: "
-                      f"{_ms(t2)}   speedup {t0 / t2:.1f}x[/]")
+                  f"(max error {max(b.error for b in best.builds):.1e} of output scale)")
+    console.print(f"[bold]{model.name}: untuned TVM {_ms(t0)}  ->  tuned {_ms(gen.seconds)}   "
+                  f"speedup {t0 / gen.seconds:.1f}x[/]")
+    if best.best.name != "generated":
+        console.print(f"[bold]with {len(best.best.library)} of {len(best.choices)} conv/dense chains as fused oneDNN "
+                      f"calls: {_ms(best.best.seconds)}   speedup {t0 / best.best.seconds:.1f}x[/]")
     console.print(f"next: adaptune bench {args.model} --db {work_dir}   |   adaptune report {work_dir}")
     return 0
 
@@ -186,15 +177,14 @@ def cmd_compile(args) -> int:
         if not out.parent.is_dir():
             raise _Bad(f"output folder {out.parent} does not exist")
         db = C.open_database(args.db)
-        lib_ops = chosen(_library_plan(args, model, target, db))
-        ex, err = _compile_checked(model, target, db, lib_ops)
+        best = _build_best(args, model, target, db)
     except (_Bad, FileNotFoundError) as e:
         return _fail(str(e))
     except NumericsError as e:
         return _fail(f"compiled model fails the numerical check, nothing written: {e}", 1)
-    C.export(ex, out)
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); numerics PASS (max error {err:.1e}); "
-          f"{len(lib_ops)} conv/matmul signatures on PyTorch's kernel. Load with "
+    C.export(best.best.executable, out)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); numerics PASS (max error {best.best.error:.1e}); "
+          f"{len(best.best.library)} conv/dense chains as fused oneDNN calls. Load with "
           "tvm.relax.VirtualMachine(adaptune.compile.load(path), tvm.cpu())")
     return 0
 
@@ -205,79 +195,82 @@ def cmd_bench(args) -> int:
 
     from . import compile as C
     from .compile import NumericsError
-    from .frontends import ort_session
+    from .evaluate import evaluate
     try:
+        if args.rounds <= 0:
+            raise _Bad(f"--rounds must be positive, got {args.rounds}")
+        if args.json is not None and not Path(args.json).resolve().parent.is_dir():
+            raise _Bad(f"--json: folder {Path(args.json).parent} does not exist")
         model, target = _load(args)
         db = C.open_database(args.db) if args.db else None
     except (_Bad, FileNotFoundError) as e:
         return _fail(str(e))
-    x = model.example_inputs()
-    rows = []          # (name, seconds or None, note)
+    console = Console()
     try:
-        ex0, e0 = _compile_checked(model, target)
-        with _spinner("timing untuned TVM"):
-            rows.append(("TVM untuned", C.time_vm(ex0, x), f"max err {e0:.1e}"))
-        if db is not None:
-            ex1, e1 = _compile_checked(model, target, db)
-            with _spinner("timing tuned TVM"):
-                rows.append(("TVM tuned (adaptune)", C.time_vm(ex1, x), f"max err {e1:.1e}"))
-            choices = _library_plan(args, model, target, db)
-            if choices:
-                lib_ops = chosen(choices)
-                ex2, e2 = _compile_checked(model, target, db, lib_ops)
-                with _spinner("timing tuned TVM with library choice"):
-                    rows.append(("TVM tuned + library choice", C.time_vm(ex2, x),
-                                 f"max err {e2:.1e}; {len(lib_ops)}/{len(choices)} on PyTorch"))
-                _save_library(args.db, choices)
+        with _spinner("preparing") as status:
+            ev = evaluate(model, target, db, library=not args.no_library, rounds=args.rounds,
+                          on_stage=lambda text: status.update(text))
     except NumericsError as e:
         return _fail(f"numerical check failed: {e}", 1)
-    if model.torch_module is not None:
-        import torch
-        args_t = [torch.from_numpy(a) for a in x]
-
-        def eager():
-            with torch.no_grad():
-                model.torch_module(*args_t)
-        with _spinner("timing PyTorch eager"):
-            rows.append(("PyTorch eager", C.time_callable(eager), f"{torch.get_num_threads()} threads"))
-    else:
-        rows.append(("PyTorch eager", None, "not a PyTorch model"))
-    with _spinner("exporting to ONNX and timing ONNX Runtime"):
-        proto = model.onnx_proto()
-        if proto is None:
-            rows.append(("ONNX Runtime", None, "no ONNX form of this model"))
-        else:
-            sess = ort_session(proto)
-            feed = {i.name: a for i, a in zip(sess.get_inputs(), x)}
-            import numpy as np
-            got, want = sess.run(None, feed)[0], model.reference(x)[0]
-            scale = max(float(np.abs(want).max()), 1e-6)
-            err = float(np.abs(got - want).max()) / scale
-            if err > 1e-3:
-                return _fail(f"ONNX Runtime output differs from the reference (max error {err:.1e})", 1)
-            rows.append(("ONNX Runtime", C.time_callable(lambda: sess.run(None, feed)), f"max err {err:.1e}"))
-    base = next((s for n, s, _ in rows if n == "PyTorch eager" and s), None) or rows[0][1]
-    base_name = "PyTorch eager" if model.torch_module is not None else "TVM untuned"
-    table = Table(title=f"{model.name}, input {' '.join(str(list(s)) for _, s, _ in model.inputs)}, "
-                        "median latency (outputs checked first)")
-    for col in ("runtime", "latency", f"speedup vs {base_name}", "note"):
+    if ev.best is not None:
+        _choice_table(ev.best)
+        if args.db:
+            _save_library(args.db, ev.best.choices)
+    base = ev.row("pytorch-eager") or ev.rows[0]
+    table = Table(title=f"{model.name}, input {' '.join(str(list(s)) for _, s, _ in model.inputs)}: "
+                        f"latency over {args.rounds} alternating rounds (outputs checked first)")
+    for col in ("runtime", "median", "min", f"vs {base.runtime}", "max error", "note"):
         table.add_column(col, justify="left" if col in ("runtime", "note") else "right")
-    for name, sec, note in rows:
-        table.add_row(name, _ms(sec), f"{base / sec:.2f}x" if sec else "-", note)
-    Console().print(table)
+    for r in ev.rows:
+        table.add_row(r.runtime, f"{r.latency_ms:.3f} ms", f"{r.min_ms:.3f} ms", f"{base.latency_ms / r.latency_ms:.2f}x",
+                      "-" if r.max_error is None else f"{r.max_error:.1e}", r.note)
+    console.print(table)
+    for runtime, why in ev.skipped.items():
+        console.print(f"no {runtime} row: {why}")
+    if args.profile and ev.best is not None:
+        _profile_table(console, ev.best.best.executable, model)
+    if args.json:
+        tmp = Path(args.json).with_name(Path(args.json).name + ".tmp")
+        tmp.write_text(json.dumps(ev.as_dict(), indent=1))
+        tmp.replace(args.json)
+        console.print(f"wrote {args.json}")
     return 0
 
 
+def _profile_table(console, executable, model) -> None:
+    """``--profile``: time per kernel of the final model, grouped (tuned, library, layout, glue)."""
+    from rich.table import Table
+
+    from .compile import profile
+    rows = profile(executable, model.example_inputs())
+    total = sum(r["ms"] for r in rows) or 1.0
+    groups: dict[str, float] = {}
+    for r in rows:
+        groups[r["group"]] = groups.get(r["group"], 0.0) + r["ms"]
+    table = Table(title=f"where adaptune's model spends its time ({total:.3f} ms in VM calls per inference)")
+    for col in ("call", "group", "calls", "ms", "share"):
+        table.add_column(col, justify="left" if col in ("call", "group") else "right")
+    for g, ms in sorted(groups.items(), key=lambda kv: -kv[1]):
+        table.add_row(f"[bold]{g}[/]", "", "", f"{ms:.3f}", f"{100 * ms / total:.1f}%")
+    for r in rows[:25]:
+        table.add_row(r["call"][:48], r["group"], str(r["calls"]), f"{r['ms']:.3f}", f"{100 * r['ms'] / total:.1f}%")
+    console.print(table)
+
+
+def _write_meta(path, meta) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(path)
+
+
 def _save_library(work_dir, choices) -> None:
-    """Keep the per-operator choice in the work dir's model.json for ``report``."""
+    """Keep the per-chain choice in the work dir's model.json for ``report``."""
     from .scheduler import MODEL_META
     path = Path(work_dir) / MODEL_META
     if path.is_file():
         meta = json.loads(path.read_text())
         meta["library"] = [c.as_dict() for c in choices]
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        tmp.replace(path)
+        _write_meta(path, meta)
 
 
 def cmd_report(args) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,20 +41,68 @@ def build_untuned(model, target=None):
 def lower_tuned(model, database, target, library=()) -> "tvm.IRModule":
     """The model's module with the best record of every task from ``database`` applied.
 
-    ``library``: operator signatures (``library.LibraryOp``) to run with PyTorch's kernel instead
-    of the generated one (Woodpecker's per-operator choice; see ``library.plan``)."""
+    ``library``: chain signatures (``library.LibraryOp``) to run as one fused oneDNN call instead
+    of the generated kernel (Woodpecker's per-operator choice; see ``library.plan``)."""
     mod = optimise(model.mod)
     if library:
-        from .library import offload, schedule_epilogues
+        from .library import offload
         mod = offload(mod, library)
     mod = apply_database(fuse(mod, target), database, target)
-    return schedule_epilogues(mod) if library else mod
+    from .library import schedule_epilogues
+    return schedule_epilogues(mod)
 
 
 def build_tuned(model, database, target=None, library=()):
     """``lower_tuned``, built."""
     target = parse_target(target)
     return tvm.compile(lower_tuned(model, database, target, library), target=target)
+
+
+@dataclass
+class Build:
+    """One build of the model: what it runs on the library, its check and its time."""
+    name: str                           # "generated" | "library" | "choice"
+    executable: object
+    library: list
+    error: float
+    seconds: float
+
+
+@dataclass
+class BestBuild:
+    """The fastest of the candidate builds, with the per-chain choices behind it."""
+    best: Build
+    builds: list[Build]
+    choices: list
+
+
+def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3) -> BestBuild:
+    """Build the model all generated, with every chain oneDNN can run on oneDNN, and with the
+    per-chain choice of ``library.plan``; check each against the reference; time them alternating,
+    ``rounds`` times; keep the fastest (the final model is never slower than either extreme)."""
+    from .library import chosen, eligible, plan
+    target = parse_target(target)
+    inputs = inputs if inputs is not None else model.example_inputs()
+    choices = plan(optimise(model.mod), database, target) if library else []
+    variants = {"generated": []}
+    if choices:
+        variants["library"] = eligible(choices)
+        variants["choice"] = chosen(choices)
+    builds, seen = [], {}
+    for name, ops in variants.items():
+        key = frozenset(ops)
+        if key in seen:
+            continue
+        seen[key] = name
+        ex = build_tuned(model, database, target, ops)
+        builds.append(Build(name, ex, ops, check(ex, model, inputs), float("inf")))
+    times = {b.name: [] for b in builds}
+    for _ in range(rounds):
+        for b in builds:
+            times[b.name].append(time_vm(b.executable, inputs))
+    for b in builds:
+        b.seconds = float(np.median(times[b.name]))
+    return BestBuild(min(builds, key=lambda b: b.seconds), builds, choices)
 
 
 def export(executable, path) -> Path:
@@ -130,3 +179,44 @@ def time_callable(fn, *, repeat: int = 10, min_repeat_ms: int = 200) -> float:
             fn()
         samples.append((time.perf_counter() - t) / number)
     return float(np.median(samples))
+
+
+def _kind(symbol: str) -> str:
+    """Which group a VM call belongs to in ``profile``."""
+    if symbol.startswith("adaptune.onednn"):
+        return "library calls"
+    if any(k in symbol for k in ("transpose", "permute_dims", "layout_transform")):
+        return "layout transforms"
+    if symbol.startswith("vm.") or "reshape" in symbol or symbol.startswith("relax."):
+        return "other glue"
+    return "tuned kernels"
+
+
+def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
+    """Time per VM call of one inference (Relax VM instrumentation), median over ``runs``, grouped.
+
+    Returns rows ``{"call", "group", "calls", "ms"}`` sorted by time; a call's time includes the VM's
+    hand-over to it, which is what the model pays."""
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    samples: dict[str, list[float]] = {}
+    calls: dict[str, int] = {}
+    started: dict[str, float] = {}
+
+    def instrument(func, symbol, before, ret, *_):
+        if before:
+            started[symbol] = time.perf_counter()
+        else:
+            samples.setdefault(symbol, []).append(time.perf_counter() - started.pop(symbol))
+            calls[symbol] = calls.get(symbol, 0) + 1
+
+    vm["main"](*args)
+    vm.set_instrument(instrument)
+    samples.clear(), calls.clear()
+    for _ in range(runs):
+        vm["main"](*args)
+    vm.set_instrument(None)
+    rows = [{"call": k, "group": _kind(k), "calls": calls[k] // runs, "ms": sum(v) / runs * 1e3}
+            for k, v in samples.items()]
+    return sorted(rows, key=lambda r: -r["ms"])

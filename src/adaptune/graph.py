@@ -5,7 +5,10 @@ the inference-only ops into elementwise arithmetic and folds constants; Relax's 
 (legalise, annotate, fold, fuse, FuseTIR) then fuses every conv/matmul with its elementwise
 epilogue, so each task is one kernel.  The same pipeline runs again at compile time with the
 tuning database applied, which is why tasks are keyed by the structurally identical PrimFuncs.
-Layout: activations stay NCHW; weights are marked layout-free (``AttachAttrLayoutFreeBuffers``,
+Layout: the whole graph runs NHWC (``ConvertLayout`` to NHWC/OHWI after BatchNorm folding, which
+handles OIHW only), with layout transforms only at the model's edges; generated kernels are tuned in
+the layout they run in, and oneDNN reads NHWC as channels-last with no copy (``library.py``).
+Weights are marked layout-free (``AttachAttrLayoutFreeBuffers``,
 as TVM's own ``static_shape_tuning`` pipeline does on CPU), so each tuned schedule may choose the
 weight layout its loops read contiguously (MetaSchedule's ``RewriteLayout``), and compilation
 pre-transforms the constant weights once (``SplitLayoutRewritePreproc`` + ``FoldConstant``).
@@ -50,12 +53,34 @@ def op_counts(mod) -> Counter:
     return counts
 
 
-GRAPH_PASSES = ("FoldBatchnormToConv2D", "DecomposeOpsForInference", "FoldConstant")
+GRAPH_PASSES = ("FoldBatchnormToConv2D", "DecomposeOpsForInference", "FoldConstant", "DecomposeClip",
+                "ConvertLayout(NHWC)", "FoldConstant")
+LAYOUT = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+
+
+def decompose_clip(mod) -> "tvm.IRModule":
+    """``clip(x, lo, hi)`` -> ``minimum(maximum(x, lo), hi)``: Relax's ``clip`` has no layout
+    inference, so ConvertLayout would wrap every ReLU6 in two transposes (MobileNetV2: 70)."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def rewriter(call, _):
+        x, (lo, hi) = call.args[0], (float(getattr(a.value, "value", a.value)) for a in call.args[1:3])
+        dtype = str(x.ty.dtype)
+        return relax.op.minimum(relax.op.maximum(x, relax.const(lo, dtype)), relax.const(hi, dtype))
+    pattern = is_op("relax.clip")(wildcard(), wildcard(), wildcard())
+    funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
+             for gv, f in mod.functions_items()}
+    return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
 def optimise(mod) -> "tvm.IRModule":
     """The graph passes we run before Relax's fusion pipeline (see module docstring)."""
-    return tvm.transform.Sequential([getattr(relax.transform, p)() for p in GRAPH_PASSES])(mod)
+    return tvm.transform.Sequential([
+        relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(), tvm.transform.module_pass(lambda m, _: decompose_clip(m), opt_level=0,
+                                                                  name="DecomposeClip"),
+        relax.transform.ConvertLayout(LAYOUT), relax.transform.FoldConstant(),
+    ])(mod)
 
 
 def fuse(mod, target) -> "tvm.IRModule":

@@ -1,54 +1,114 @@
-"""Woodpecker-DL's system-level exploration: per operator, our tuned kernel or the vendor library's.
+"""Woodpecker-DL's system-level exploration: per fused subgraph, our tuned kernel or the vendor's.
 
-On this CPU PyTorch's oneDNN convolutions often beat a generated kernel tuned for minutes, so
-betting everything on generated code leaves speed behind.  For every convolution and matmul with
-constant weights in the optimised graph we time PyTorch's kernel, called from the compiled model
-through DLPack (zero-copy, the same path the model uses), against the best tuned kernel of the
-fused task that contains it, and keep whichever is faster:
+The vendor path is the one the fastest CPU runtimes take (torch.compile's freezing, ONNX Runtime's
+NCHWc fusions): in the model's NHWC graph (``graph.optimise``) every convolution chain
+``conv2d (+bias) (+residual add) (+ReLU / clip / GELU ...)`` and every dense chain
+``matmul (+bias) (+activation)`` with a constant weight can become ONE oneDNN call,
+``torch.ops.mkldnn._convolution_pointwise`` (its ``.binary`` form for the residual) or
+``_linear_pointwise``, whose weight is reordered to oneDNN's blocked layout once (at the first call,
+cached by the weight's content and the call's attributes) instead of on every call.  NHWC tensors
+are what oneDNN calls channels-last NCHW, so activations pass through DLPack with no copy.
 
-* ``find_ops``: the library-eligible calls of the optimised graph (NCHW/OIHW float32 conv2d,
-  2-D matmul), grouped by signature;
-* ``plan``: the measured choice per signature (a ``Choice`` table, shown by ``bench``/``report``);
-* ``offload``: rewrites the chosen calls into ``R.call_pure_packed("adaptune.torch.*", ...)``.
-  The bias/residual/ReLU epilogue around them stays in TVM, where FuseOps fuses it into one
-  elementwise kernel; ``schedule_epilogues`` parallelises and vectorises those new kernels, which
-  have no tuning record.
+* ``find_ops``: the fusable chains of the NHWC graph, as ``LibraryOp`` signatures with call counts;
+* ``plan``: per signature, the fused library call timed against the best tuned kernel of the same
+  subgraph (its task in the tuning database); a call that fails for its shape or attributes
+  falls back to the generated kernel with one warning;
+* ``offload``: rewrites the chosen chains into ``R.call_pure_packed("adaptune.onednn.*", ...)``.
 
 The packed functions are registered when this module is imported (``compile.load`` imports it, so
-an exported library that calls PyTorch can be loaded in a fresh process).
+an exported library that calls oneDNN loads and runs in a fresh process).  ``compile.build_best``
+then times the whole model built three ways and keeps the fastest (the choice is checked on the
+whole model, not only per kernel).
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import tvm
 import tvm_ffi
 from tvm import relax
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-CONV2D, MATMUL = "adaptune.torch.conv2d", "adaptune.torch.matmul"
+CONV, CONV_ADD, LINEAR = "adaptune.onednn.conv2d", "adaptune.onednn.conv2d_add", "adaptune.onednn.linear"
+
+_PACKED: dict = {}          # (kind, weight digest, attributes) -> oneDNN-blocked weight
 
 
-@tvm_ffi.register_global_func(CONV2D, override=True)
-def torch_conv2d(x, w, strides, padding, dilation, groups):
-    """PyTorch's conv2d on TVM tensors; padding is Relax's (top, left, bottom, right)."""
-    tx, tw = torch.from_dlpack(x), torch.from_dlpack(w)
-    top, left, bottom, right = (int(p) for p in padding)
-    if (top, left) != (bottom, right):
-        tx, pad = F.pad(tx, (left, right, top, bottom)), (0, 0)
-    else:
-        pad = (top, left)
+def _post(spec: str):
+    """``"hardtanh:0:6"`` -> ("hardtanh", [0.0, 6.0], ""): a post-op, its scalars and its algorithm,
+    as the op takes them (GELU names its algorithm: "none" is erf's, "tanh" the approximation)."""
+    name, *scalars = spec.split(":")
+    if name.startswith("gelu"):
+        return "gelu", [], "tanh" if name == "gelu_tanh" else "none"
+    return name, [float(s) for s in scalars], ""
+
+
+_post = functools.lru_cache(maxsize=None)(_post)
+
+
+def _nchw(t):
+    """An NHWC TVM tensor as the channels-last NCHW torch tensor oneDNN expects (a view, no copy)."""
+    return torch.from_dlpack(t).permute(0, 3, 1, 2)
+
+
+def _to_tvm_nhwc(y):
+    """oneDNN's channels-last NCHW output back to a compact NHWC TVM tensor (a view unless ambiguous)."""
+    y = y.permute(0, 2, 3, 1)
+    return tvm.runtime.from_dlpack(y if y.is_contiguous() else y.contiguous())
+
+
+def _conv_weight(key, w, padding, stride, dilation, groups, x_shape):
+    packed = _PACKED.get(key)
+    if packed is None:
+        packed = torch.ops.mkldnn._reorder_convolution_weight(
+            torch.from_dlpack(w).clone(), padding, stride, dilation, groups, x_shape)
+        _PACKED[key] = packed
+    return packed
+
+
+@tvm_ffi.register_global_func(CONV, override=True)
+def onednn_conv2d(x, w, b, padding, stride, dilation, groups, post, key):
+    """conv2d + bias + unary post-op in one oneDNN call; x NHWC, w OIHW (pre-packed once), b (C,)."""
+    tx = _nchw(x)
+    args = [list(padding), list(stride), list(dilation), int(groups)]
+    pw = _conv_weight(("conv", key), w, *args, list(tx.shape))
+    name, scalars, algorithm = _post(post)
     with torch.no_grad():
-        y = F.conv2d(tx, tw, None, tuple(strides), pad, tuple(dilation), int(groups))
+        y = torch.ops.mkldnn._convolution_pointwise(tx, pw, torch.from_dlpack(b), *args, name, scalars, algorithm)
+    return _to_tvm_nhwc(y)
+
+
+@tvm_ffi.register_global_func(CONV_ADD, override=True)
+def onednn_conv2d_add(x, other, w, b, padding, stride, dilation, groups, post, key):
+    """conv2d + bias + residual add (+ReLU) in one oneDNN call (the ``.binary`` form)."""
+    tx = _nchw(x)
+    args = [list(padding), list(stride), list(dilation), int(groups)]
+    pw = _conv_weight(("conv", key), w, *args, list(tx.shape))
+    name, scalars, _ = _post(post)
+    with torch.no_grad():
+        y = torch.ops.mkldnn._convolution_pointwise.binary(
+            tx, _nchw(other), pw, torch.from_dlpack(b), *args, "add", None,
+            None if name == "none" else name, scalars, None)
+    return _to_tvm_nhwc(y)
+
+
+@tvm_ffi.register_global_func(LINEAR, override=True)
+def onednn_linear(x, w, b, post, key):
+    """x @ w.T + b with a unary post-op in one oneDNN call; w (out, in), pre-packed once."""
+    tx = torch.from_dlpack(x)
+    packed = _PACKED.get(("linear", key))
+    if packed is None:
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.from_dlpack(w).clone(), int(np.prod(tx.shape[:-1])))
+        _PACKED[("linear", key)] = packed
+    name, scalars, algorithm = _post(post)
+    with torch.no_grad():
+        y = torch.ops.mkldnn._linear_pointwise(tx, packed, torch.from_dlpack(b), name, scalars, algorithm)
     return tvm.runtime.from_dlpack(y)
-
-
-@tvm_ffi.register_global_func(MATMUL, override=True)
-def torch_matmul(x, w):
-    with torch.no_grad():
-        return tvm.runtime.from_dlpack(torch.matmul(torch.from_dlpack(x), torch.from_dlpack(w)))
 
 
 def _shape(expr) -> tuple[int, ...]:
@@ -57,190 +117,336 @@ def _shape(expr) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class LibraryOp:
-    """One operator signature that PyTorch can run: kind, shapes and (for conv) attributes."""
-    kind: str                           # "conv2d" | "matmul"
-    data: tuple[int, ...]
-    weight: tuple[int, ...]
+    """One fusable chain's signature: kind, shapes, attributes and epilogue."""
+    kind: str                           # "conv2d" | "linear"
+    data: tuple[int, ...]               # conv2d: NHWC; linear: (..., in)
+    weight: tuple[int, ...]             # as the vendor op takes it: OIHW | (out, in)
     out: tuple[int, ...]
-    attrs: tuple = ()                   # conv2d: (strides, padding, dilation, groups)
+    attrs: tuple = ()                   # conv2d: (padding (h, w), strides, dilation, groups)
+    residual: bool = False              # a residual tensor added before the post-op
+    post: str = "none"                  # unary post-op, scalars after colons ("hardtanh:0:6")
 
     @property
     def label(self) -> str:
+        tail = ("+add" if self.residual else "") + ("" if self.post == "none" else "+" + self.post.split(":")[0])
         if self.kind == "conv2d":
-            (sh, _), pad, _, g = self.attrs
-            return (f"conv2d {self.data[1]}->{self.weight[0]} {self.weight[2]}x{self.weight[3]} "
-                    f"s{sh} p{pad[0]}{f' g{g}' if g > 1 else ''} @{self.data[2]}x{self.data[3]}")
-        return f"matmul {'x'.join(map(str, self.data))} @ {'x'.join(map(str, self.weight))}"
+            pad, (sh, _), _, g = self.attrs
+            return (f"conv2d {self.data[3]}->{self.weight[0]} {self.weight[2]}x{self.weight[3]} s{sh} p{pad[0]}"
+                    f"{f' g{g}' if g > 1 else ''} @{self.data[1]}x{self.data[2]}{tail}")
+        return f"linear {'x'.join(map(str, self.data))} -> {self.weight[0]}{tail}"
 
     @property
     def flops(self) -> float:
         if self.kind == "conv2d":
             return 2.0 * np.prod(self.out) * np.prod(self.weight[1:])
-        return 2.0 * np.prod(self.out) * self.weight[0]
-
-    def packed_args(self) -> list:
-        if self.kind == "conv2d":
-            strides, padding, dilation, groups = self.attrs
-            return [relax.ShapeExpr(list(strides)), relax.ShapeExpr(list(padding)),
-                    relax.ShapeExpr(list(dilation)), relax.prim_value(groups)]
-        return []
+        return 2.0 * np.prod(self.out) * self.weight[1]
 
     def time(self, *, repeat: int = 10) -> float:
-        """Seconds per call of the library kernel through the same DLPack path the model uses."""
+        """Seconds per call of the fused library kernel, through the DLPack path the model uses."""
         from .compile import time_callable
         rng = np.random.default_rng(0)
-        x, w = (tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in (self.data, self.weight))
-        if self.kind == "conv2d":
-            return time_callable(lambda: torch_conv2d(x, w, *self.attrs), repeat=repeat)
-        return time_callable(lambda: torch_matmul(x, w), repeat=repeat)
+        arrays = [rng.standard_normal(s).astype("float32") for s in (self.data, self.weight, (self.weight[0],), self.out)]
+        x, w, b, other = (tvm.runtime.tensor(a) for a in arrays)
+        key = _digest(self, arrays[1])
+        if self.kind == "linear":
+            return time_callable(lambda: onednn_linear(x, w, b, self.post, key), repeat=repeat)
+        if self.residual:
+            return time_callable(lambda: onednn_conv2d_add(x, other, w, b, *self.attrs, self.post, key),
+                                 repeat=repeat)
+        return time_callable(lambda: onednn_conv2d(x, w, b, *self.attrs, self.post, key), repeat=repeat)
 
 
-def _library_op(call) -> LibraryOp | None:
-    """The call as a LibraryOp if PyTorch can run it with the weight as a constant, else None."""
-    if not isinstance(call.op, tvm.ir.Op) or len(call.args) < 2 or not isinstance(call.args[1], tvm.ir.expr.Constant):
+# ---- the chains, as Relax dataflow patterns (longest first) --------------------------------------
+
+def _unary_posts():
+    """Relax unary ops that oneDNN takes as a post-op: (pattern, spec of the matched call)."""
+    return {"relax.nn.relu": lambda c: "relu", "relax.nn.gelu": lambda c: "gelu",
+            "relax.nn.gelu_tanh": lambda c: "gelu_tanh",
+            "relax.sigmoid": lambda c: "sigmoid", "relax.tanh": lambda c: "tanh",
+            "relax.nn.silu": lambda c: "swish"}
+
+
+UNARY = _unary_posts()
+
+
+@dataclass
+class _Chain:
+    """The matched pieces of one chain (the calls and constants ``offload`` rewrites)."""
+    anchor: relax.Call                 # the conv2d / matmul
+    bias: relax.Constant | None
+    residual: relax.Expr | None
+    post: list[relax.Call]             # the epilogue's unary calls, in order (two for a clip)
+    op: LibraryOp
+    swapped: tuple[bool, bool] = (False, False)     # (bias, residual) came first in its add
+
+
+def _per_channel(const, channels) -> np.ndarray | None:
+    """A bias constant broadcast along the last axis only, as a (channels,) array, else None."""
+    a = const.value.numpy()
+    if a.size != channels or a.shape[-1] != channels or str(a.dtype) != "float32":
         return None
+    return a.reshape(channels)
+
+
+def _post_spec(post: list) -> str:
+    """The oneDNN post-op of the epilogue's unary calls (``graph.decompose_clip``'s pair is a clip)."""
+    if not post:
+        return "none"
+    if len(post) == 2:
+        lo, hi = (float(c.args[1].value.numpy()) for c in post)
+        return f"hardtanh:{lo:g}:{hi:g}"
+    return UNARY[post[0].op.name](post[0])
+
+
+def _signature(anchor, bias, residual, post) -> LibraryOp | None:
+    """The chain's ``LibraryOp`` when oneDNN runs it (NHWC conv, 2-D+ matmul, float32), else None."""
     try:
-        data, weight, out = _shape(call.args[0]), _shape(call.args[1]), _shape(call)
-    except (TypeError, AttributeError):           # symbolic or unknown shape
+        data, weight, out = _shape(anchor.args[0]), _shape(anchor.args[1]), _shape(anchor)
+    except (TypeError, AttributeError):                     # symbolic or unknown shapes
         return None
-    if any(str(a.ty.dtype) != "float32" for a in call.args[:2]):
+    if any(str(a.ty.dtype) != "float32" for a in anchor.args[:2]):
         return None
-    if call.op.name == "relax.nn.conv2d":
-        a = call.attrs
-        if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "OIHW", "NCHW") or \
+    spec = _post_spec(post)
+    if residual is not None and spec not in ("none", "relu"):
+        return None                                         # oneDNN: after a binary post-op, ReLU only
+    if residual is not None and _shape(residual) != out:
+        return None
+    if bias is not None and _per_channel(bias, out[-1]) is None:
+        return None
+    if anchor.op.name == "relax.nn.conv2d":
+        a = anchor.attrs
+        if (a.data_layout, a.kernel_layout, a.out_layout) != ("NHWC", "OHWI", "NHWC") or \
                 str(a.out_dtype) not in ("float32", ""):
             return None
-        attrs = (tuple(int(s) for s in a.strides), tuple(int(p) for p in a.padding),
-                 tuple(int(d) for d in a.dilation), int(a.groups))
-        return LibraryOp("conv2d", data, weight, out, attrs)
-    if call.op.name == "relax.matmul" and len(data) == 2 and len(weight) == 2:
-        return LibraryOp("matmul", data, weight, out)
+        top, left, bottom, right = (int(p) for p in a.padding)
+        if (top, left) != (bottom, right):
+            return None                                     # oneDNN pads symmetrically
+        o, kh, kw, i = weight
+        attrs = ((top, left), tuple(int(s) for s in a.strides), tuple(int(d) for d in a.dilation), int(a.groups))
+        return LibraryOp("conv2d", data, (o, i, kh, kw), out, attrs, residual is not None, spec)
+    if anchor.op.name == "relax.matmul" and len(weight) == 2 and len(data) >= 2 and residual is None:
+        return LibraryOp("linear", data, (weight[1], weight[0]), out, (), False, spec)
     return None
 
 
-def _relax_functions(mod):
-    return [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
+def _patterns():
+    """(pattern, parts) for every chain shape, longest first; ``parts`` names the sub-patterns."""
+    out = []
+    for anchor_op in ("relax.nn.conv2d", "relax.matmul"):
+        for has_bias in (True, False):
+            for has_res in (True, False):
+                for has_post in (True, False):
+                    if not has_bias and not has_res and not has_post:
+                        continue
+                    anchor, bias, res = is_op(anchor_op)(wildcard(), is_const()), is_const(), wildcard()
+                    y = badd = is_op("relax.add")(anchor, bias) | is_op("relax.add")(bias, anchor) if has_bias else anchor
+                    if has_res:
+                        y = radd = is_op("relax.add")(y, res) | is_op("relax.add")(res, y)
+                    clip_max = is_op("relax.maximum")(y, is_const())
+                    if has_post:
+                        y = functools.reduce(lambda a, b: a | b, [is_op(name)(y) for name in UNARY] +
+                                             [is_op("relax.minimum")(clip_max, is_const())])
+                    out.append((y, dict(anchor=anchor, bias=bias if has_bias else None, bias_add=badd if has_bias else None,
+                                        residual=res if has_res else None, res_add=radd if has_res else None,
+                                        post=has_post, clip_max=clip_max)))
+        out.append((is_op(anchor_op)(wildcard(), is_const()), None))
+    return [(p, parts or dict(anchor=p, bias=None, bias_add=None, residual=None, res_add=None, post=False,
+                              clip_max=None)) for p, parts in out]
+
+
+def _chain(matched, matches, parts) -> _Chain | None:
+    anchor = matches[parts["anchor"]]
+    post = []
+    if parts["post"]:
+        post = [matches[parts["clip_max"]], matched] if matched.op.name == "relax.minimum" else [matched]
+    bias = matches[parts["bias"]] if parts["bias"] is not None else None
+    residual = matches[parts["residual"]] if parts["residual"] is not None else None
+    op = _signature(anchor, bias, residual, post)
+    if op is None:
+        return None
+    swapped = tuple(parts[k] is not None and isinstance(matches[parts[k]].args[0], type(matches[parts[p]]))
+                    and matches[parts[k]].args[0].same_as(matches[parts[p]]) for k, p in (("bias_add", "bias"),
+                                                                                           ("res_add", "residual")))
+    return _Chain(anchor, bias, residual, post, op, swapped)
+
+
+def _rewrite(mod, on_chain) -> "tvm.IRModule":
+    """Apply ``on_chain(chain) -> Expr | None`` to every chain of every Relax function (longest first)."""
+    for pattern, parts in _patterns():
+        def rewriter(matched, matches, parts=parts):
+            chain = _chain(matched, matches, parts)
+            new = on_chain(chain) if chain is not None else None
+            return matched if new is None else new
+        funcs = dict(mod.functions_items())
+        for gv, func in funcs.items():
+            if isinstance(func, relax.Function):
+                funcs[gv] = rewrite_call(pattern, rewriter, func)
+        mod = tvm.IRModule(funcs, attrs=mod.attrs)
+    return mod
 
 
 def find_ops(optimised) -> dict[LibraryOp, int]:
-    """Library-eligible operators of an optimised module and how often each is called."""
+    """The chains of an NHWC module that oneDNN can run as one call, and how often each occurs
+    (counted as ``offload`` would rewrite them: a chain taken by a longer pattern is not seen again)."""
     found: dict[LibraryOp, int] = {}
 
-    @relax.expr_functor.visitor
-    class _Find(relax.PyExprVisitor):
-        def visit_call_(self, call):
-            op = _library_op(call)
-            if op is not None:
-                found[op] = found.get(op, 0) + 1
-            super().visit_call_(call)
-
-    for _, func in _relax_functions(optimised):
-        _Find().visit_expr(func)
+    def count(chain):
+        found[chain.op] = found.get(chain.op, 0) + 1
+        return _packed_call(chain)
+    _rewrite(optimised, count)
     return found
 
 
+def _digest(op: LibraryOp, weight: np.ndarray) -> int:
+    """A content key for the pre-packed weight (same weights and call: same packed tensor)."""
+    h = hashlib.blake2b(weight.tobytes(), digest_size=8)
+    h.update(repr(op).encode())
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def _packed_call(chain: _Chain) -> relax.Call:
+    op = chain.op
+    w = chain.anchor.args[1].value.numpy()
+    w = w.transpose(0, 3, 1, 2) if op.kind == "conv2d" else w.T          # OHWI -> OIHW; (in,out) -> (out,in)
+    w = np.ascontiguousarray(w)
+    b = _per_channel(chain.bias, op.out[-1]) if chain.bias is not None else np.zeros(op.weight[0], "float32")
+    consts = [relax.const(w), relax.const(np.ascontiguousarray(b))]
+    tail = [relax.expr.String(op.post), relax.prim_value(_digest(op, w))]
+    if op.kind == "linear":
+        return relax.call_pure_packed(LINEAR, chain.anchor.args[0], *consts, *tail, ty_args=chain.anchor.ty)
+    pad, strides, dilation, groups = op.attrs
+    attrs = [relax.ShapeExpr(list(pad)), relax.ShapeExpr(list(strides)), relax.ShapeExpr(list(dilation)),
+             relax.prim_value(groups)]
+    if op.residual:
+        return relax.call_pure_packed(CONV_ADD, chain.anchor.args[0], chain.residual, *consts, *attrs, *tail,
+                                      ty_args=chain.anchor.ty)
+    return relax.call_pure_packed(CONV, chain.anchor.args[0], *consts, *attrs, *tail, ty_args=chain.anchor.ty)
+
+
 def offload(optimised, ops) -> "tvm.IRModule":
-    """Rewrite every call whose signature is in ``ops`` into a call of PyTorch's kernel."""
+    """Rewrite every chain whose signature is in ``ops`` into one fused oneDNN call."""
     ops = set(ops)
     if not ops:
         return optimised
-
-    @relax.expr_functor.mutator
-    class _Offload(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            op = _library_op(call)
-            if op is None or op not in ops:
-                return call
-            return relax.call_pure_packed(CONV2D if op.kind == "conv2d" else MATMUL, call.args[0],
-                                          call.args[1], *op.packed_args(), ty_args=call.ty)
-
-    mutator = _Offload(optimised)
-    for gv, func in _relax_functions(optimised):
-        mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return mutator.builder_.get()
+    return _rewrite(optimised, lambda chain: _packed_call(chain) if chain.op in ops else None)
 
 
-def _task_signature(task) -> tuple[set[tuple], tuple]:
-    """(shapes of a task's inputs, shape of its output), read off its PrimFunc's buffers."""
-    func = task.mod["main"]
-    shapes = [tuple(int(d) for d in p.shape) for p in func.params]
-    return set(shapes[:-1]), shapes[-1]
+def chain_modules(optimised) -> dict[LibraryOp, "tvm.IRModule"]:
+    """Each signature's chain as a module of its own (its fused kernel is the task to compare with)."""
+    mods: dict[LibraryOp, tvm.IRModule] = {}
 
-
-def tasks_of(op: LibraryOp, tasks) -> list:
-    """Fused tasks that contain ``op``: the op's kind in the name, its inputs and output shapes."""
-    hits = []
-    for t in tasks:
-        if op.kind not in t.name:
-            continue
-        ins, out = _task_signature(t)
-        if op.data in ins and op.weight in ins and out == op.out:
-            hits.append(t)
-    return hits
+    def take(chain):
+        if chain.op in mods:
+            return _packed_call(chain)
+        params = [relax.Var("x", chain.anchor.args[0].ty)]
+        bb = relax.BlockBuilder()
+        res = relax.Var("r", chain.residual.ty) if chain.residual is not None else None
+        with bb.function("main", params + ([res] if res is not None else [])):
+            with bb.dataflow():
+                y = bb.emit(relax.Call(chain.anchor.op, [params[0], chain.anchor.args[1]], chain.anchor.attrs,
+                                       chain.anchor.ty_args))
+                if chain.bias is not None:
+                    y = bb.emit(relax.op.add(*((chain.bias, y) if chain.swapped[0] else (y, chain.bias))))
+                if res is not None:
+                    y = bb.emit(relax.op.add(*((res, y) if chain.swapped[1] else (y, res))))
+                for call in chain.post:
+                    y = bb.emit(relax.Call(call.op, [y, *call.args[1:]], call.attrs, call.ty_args))
+                gv = bb.emit_output(y)
+            bb.emit_func_output(gv)
+        mods[chain.op] = bb.get()
+        return _packed_call(chain)
+    _rewrite(optimised, take)
+    return mods
 
 
 @dataclass
 class Choice:
     op: LibraryOp
     calls: int
-    library_s: float
-    generated_s: float | None           # the best record of the fastest task containing the op
+    library_s: float | None             # None: the library call failed for this signature
+    generated_s: float | None           # the best record of the chain's fused task
     tasks: list[str] = field(default_factory=list)
 
     @property
     def use_library(self) -> bool:
+        if self.library_s is None:
+            return False
         return self.generated_s is None or self.library_s < self.generated_s
 
     def as_dict(self) -> dict:
-        return {"op": self.op.label, "calls": self.calls, "library_ms": self.library_s * 1e3,
-                "generated_ms": None if self.generated_s is None else self.generated_s * 1e3,
-                "tasks": self.tasks, "choice": "pytorch" if self.use_library else "generated"}
+        ms = lambda s: None if s is None else s * 1e3                     # noqa: E731
+        return {"op": self.op.label, "calls": self.calls, "library_ms": ms(self.library_s),
+                "generated_ms": ms(self.generated_s), "tasks": self.tasks,
+                "choice": "onednn" if self.use_library else "generated"}
 
 
-def best_record_latency(database, task, target) -> float | None:
-    """Mean run time of the task's best record in the TVM database (None: no record)."""
-    rec = database.query_tuning_record(task.mod, target, task.name)
-    if rec is None or not rec.run_secs:
+def _chain_tasks(optimised, target):
+    """(signature, the tasks its chain compiles to) for every chain of the module."""
+    from .graph import extract_tasks
+    for op, mod in chain_modules(optimised).items():
+        yield op, extract_tasks(mod, target)[0]
+
+
+def _time_or_warn(op: LibraryOp, repeat: int = 10) -> float | None:
+    """The fused call's time, or None with one warning line when oneDNN rejects the chain."""
+    try:
+        return op.time(repeat=repeat)
+    except Exception as e:                                  # noqa: BLE001 - any failure of the vendor call
+        print(f"adaptune: warning: oneDNN cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
+              "using the generated kernel", file=sys.stderr)
         return None
-    return float(np.mean([float(s) for s in rec.run_secs]))
 
 
-def plan(optimised, tasks, database, target) -> list[Choice]:
-    """Time PyTorch's kernel for every eligible op and compare with the tuned kernel (see module doc).
+def plan(optimised, database, target) -> list[Choice]:
+    """Time each chain's fused library call and look up its tuned kernel (see module doc).
 
-    The generated side is the fused kernel (conv + epilogue), the library side the bare call:
-    the epilogue it leaves behind is a small elementwise kernel, so the choice leans slightly
-    towards the library; ``bench`` measures the whole model both ways."""
+    A library call that raises (a shape or attribute oneDNN does not take) is reported in one
+    warning line and that chain stays generated."""
+    from .measure import latency
+    counts = find_ops(optimised)
     choices = []
-    for op, calls in find_ops(optimised).items():
-        hits = tasks_of(op, tasks)
-        lats = [(best_record_latency(database, t, target), t.name) for t in hits]
-        lats = [(s, n) for s, n in lats if s is not None]
-        generated = min(lats)[0] if lats else None
-        choices.append(Choice(op, calls, op.time(), generated, [t.name for t in hits]))
+    for op, tasks in _chain_tasks(optimised, target):
+        lats = []
+        for t in tasks:
+            rec = database.query_tuning_record(t.mod, target, t.name) if database is not None else None
+            if rec is not None and rec.run_secs:
+                lats.append(latency(rec.run_secs))
+        generated = sum(lats) if len(lats) == len(tasks) and lats else None
+        choices.append(Choice(op, counts.get(op, 0), _time_or_warn(op), generated, [t.name for t in tasks]))
     return choices
 
 
-def plan_model(model, database, target) -> list[Choice]:
-    """``plan`` for a frontend ``Model``: optimise, extract its tasks, measure, choose."""
-    from .graph import extract_tasks, optimise
-    optimised = optimise(model.mod)
-    tasks, _ = extract_tasks(optimised, target)
-    return plan(optimised, tasks, database, target)
+def task_floors(optimised, tasks, target) -> dict[str, float]:
+    """Per task that computes exactly one library chain, the fused library call's time: what a
+    tuned kernel must beat to be used (the scheduler spends trials where generated code can win)."""
+    by_hash = {tvm_ffi.structural_hash(t.mod): t.name for t in tasks}
+    floors = {}
+    for op, chain_tasks in _chain_tasks(optimised, target):
+        name = by_hash.get(tvm_ffi.structural_hash(chain_tasks[0].mod)) if len(chain_tasks) == 1 else None
+        if name is not None and name not in floors:
+            lib = _time_or_warn(op, repeat=5)
+            if lib is not None:
+                floors[name] = lib
+    return floors
 
 
 def chosen(choices) -> list[LibraryOp]:
-    """The operators a plan gives to the library (what ``compile.build_tuned`` takes)."""
+    """The signatures a plan gives to the library."""
     return [c.op for c in choices if c.use_library]
+
+
+def eligible(choices) -> list[LibraryOp]:
+    """Every signature the library can run (the all-library build)."""
+    return [c.op for c in choices if c.library_s is not None]
 
 
 def schedule_epilogues(mod) -> "tvm.IRModule":
     """Parallelise and vectorise the unscheduled all-spatial PrimFuncs that ``offload`` leaves.
 
     Written by hand: TVM's default CPU schedules (dlight.cpu) cover GEMV and reductions only, and
-    an elementwise kernel needs nothing more than inline, fuse, parallel, vectorise.  Updates
-    ``mod`` in place (a module fresh from ``apply_database``) and returns it."""
+    an elementwise kernel needs nothing more than inline, fuse, parallel, vectorise.  A kernel
+    that cannot be scheduled this way (several output blocks, e.g. a split) is left to TVM.
+    Updates ``mod`` in place (a module fresh from ``apply_database``) and returns it."""
     from tvm import s_tir, tirx
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, tirx.PrimFunc) or (func.attrs and func.attrs.get("tirx.is_scheduled")):
@@ -259,7 +465,7 @@ def schedule_epilogues(mod) -> "tvm.IRModule":
             sch.parallel(outer)
             if vec > 1:
                 sch.vectorize(inner)
-        except (s_tir.ScheduleError, tvm.TVMError):
+        except s_tir.ScheduleError:
             continue
         mod.update_func(gv, sch.mod["main"].with_attr("tirx.is_scheduled", True))
     return mod

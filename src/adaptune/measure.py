@@ -23,6 +23,11 @@ OK, BUILD_ERROR, RUN_ERROR, TIMEOUT, CRASH = "ok", "build", "run", "timeout", "c
 WRONG = "wrong"     # ran, but its output differs from the untuned kernel's (see verify.py)
 
 
+def latency(run_secs) -> float:
+    """A kernel's latency from its measured repeats: the median, in seconds (one rule everywhere)."""
+    return statistics.median(float(s) for s in run_secs)
+
+
 @dataclass
 class MeasureResult:
     error: str                      # OK or one of the error kinds
@@ -39,7 +44,7 @@ class MeasureResult:
     @property
     def latency(self) -> float | None:
         """Median over repeats, in seconds (None when the candidate failed)."""
-        return statistics.median(self.run_secs) if self.ok else None
+        return latency(self.run_secs) if self.ok else None
 
 
 def _classify(message: str) -> str:

@@ -11,6 +11,11 @@ a gradient rule chased one task's small, noisy gains while the others stayed at 
    spent on it so far, ``weight x current_latency / trials``: trials follow each task's share of
    the model's time, and as a task gets faster its share, and so its claim, shrinks.  A task
    whose space is exhausted is skipped.
+3. *The library's time* (``library=True``): a task whose chain oneDNN runs as one fused call
+   (``library.task_floors``) is worth tuning only where a kernel can beat that call, so while the
+   library is faster its claim is scaled by ``library / current`` (a task 3x slower than oneDNN
+   gets a third of its claim), and the model estimate counts the faster of the two.  Trials go
+   to the kernels generated code can win: depthwise and odd shapes, pooling, elementwise chains.
 
 Work-dir layout: TVM's JSONDatabase files at the top (usable as-is by ``ms.relax_integration``),
 ``tasks/<task>.jsonl`` knob-vector logs (every outcome, failures included), and ``model.json``
@@ -50,6 +55,7 @@ class TaskSummary:
     trials: int = 0
     exhausted: bool = False
     small: bool = False             # under 1% of the untuned model's time: one warm-up trial
+    library: float | None = None    # the fused oneDNN call for this task's chain, seconds
 
     @property
     def current(self) -> float | None:
@@ -57,6 +63,20 @@ class TaskSummary:
         (the untuned kernel is in the database too, so compilation picks the same)."""
         known = [x for x in (self.best, self.baseline) if x is not None]
         return min(known) if known else None
+
+    @property
+    def in_model(self) -> float:
+        """What the task costs the final model: the faster of our kernel and the library's call."""
+        known = [x for x in (self.current, self.library) if x is not None]
+        return min(known) if known else 0.0
+
+    @property
+    def claim(self) -> float:
+        """Model time per trial spent (rule 2), scaled down while the library is faster (rule 3)."""
+        c = self.weight * (self.current or 0.0) / max(self.trials, 1)
+        if self.library is not None and self.current and self.current > self.library:
+            c *= self.library / self.current
+        return c
 
 
 @dataclass
@@ -71,7 +91,7 @@ class ModelTuneResult:
 
     def estimated_latency(self, tuned: bool = True) -> float:
         """Sum over tasks of weight x kernel latency (the model's kernel time, without VM overhead)."""
-        return sum(t.weight * ((t.current if tuned else t.baseline) or 0.0) for t in self.tasks)
+        return sum(t.weight * ((t.in_model if tuned else t.baseline) or 0.0) for t in self.tasks)
 
 
 def next_task(tasks: list[TaskSummary]) -> int | None:
@@ -79,7 +99,7 @@ def next_task(tasks: list[TaskSummary]) -> int | None:
     for i, t in enumerate(tasks):
         if t.trials == 0 and not t.exhausted:
             return i
-    live = [(t.weight * (t.current or 0.0) / max(t.trials, 1), -i) for i, t in enumerate(tasks) if not t.exhausted]
+    live = [(t.claim, -i) for i, t in enumerate(tasks) if not t.exhausted]
     return -max(live)[1] if live else None
 
 
@@ -111,7 +131,7 @@ def check_model_work_dir(work_dir, resume: bool) -> None:
 
 def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = "chameleon", work_dir,
                resume: bool = False, seed: int = 0, batch_size: int | None = None,
-               measurer: Measurer | None = None,
+               measurer: Measurer | None = None, library: bool = True,
                on_progress: Callable[[int, int, str, float], None] | None = None,
                on_stage: Callable[[str], None] | None = None) -> ModelTuneResult:
     """Tune every task of ``model`` within ``trials`` measurements in total (resumable).
@@ -137,10 +157,17 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
     measurer = measurer or Measurer(target)
     if old is not None and {t["name"] for t in old["tasks"]} == {t.name for t in tasks}:
         baselines = {t["name"]: t["baseline"] for t in old["tasks"]}
+        floors = {t["name"]: t["library"] for t in old["tasks"] if t.get("library") is not None}
     else:
         stage(f"measuring the {len(tasks)} untuned kernels")
         res = measurer.measure([t.mod for t in tasks])
         baselines = {t.name: r.latency for t, r in zip(tasks, res)}
+        floors = None
+    if library and floors is None:
+        from .library import task_floors
+        stage("timing oneDNN's fused calls for the tasks it covers")
+        floors = task_floors(optimised, tasks, target)
+    floors = floors if library else {}
     wd.mkdir(parents=True, exist_ok=True)
     for name in TVM_FILES:
         repair_jsonl(wd / name)
@@ -149,10 +176,10 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
         _commit_untuned(db, tasks, baselines, target)
     meta = {"model": model.source, "name": model.name, "target": str(target), "strategy": strategy,
             "trials": trials, "inputs": [[n, list(s), d] for n, s, d in model.inputs], "passes": passes,
-            "tasks": [{"name": t.name, "weight": t.weight, "flops": t.flops, "baseline": baselines[t.name]}
-                      for t in tasks]}
+            "tasks": [{"name": t.name, "weight": t.weight, "flops": t.flops, "baseline": baselines[t.name],
+                       "library": floors.get(t.name)} for t in tasks]}
     _write_json(meta_path, meta)
-    summaries = [TaskSummary(t.name, t.weight, t.flops, baselines[t.name]) for t in tasks]
+    summaries = [TaskSummary(t.name, t.weight, t.flops, baselines[t.name], library=floors.get(t.name)) for t in tasks]
     untuned_total = sum(s.weight * (s.baseline or 0.0) for s in summaries)
     for s in summaries:
         s.small = s.baseline is not None and s.weight * s.baseline < SMALL_SHARE * untuned_total
@@ -163,7 +190,7 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
     used = 0
 
     def estimate() -> float:
-        return sum(s.weight * (s.current or 0.0) for s in summaries)
+        return sum(s.weight * s.in_model for s in summaries)
 
     def tuner(i: int) -> TaskTuner:
         if tuners[i] is None:

@@ -80,21 +80,43 @@ class BasicBlock(nn.Module):
         return torch.relu(self.body(x) + self.down(x))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's block: 1x1 reduce, 3x3 (stride here, as torchvision's v1.5), 1x1 expand by 4."""
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(_conv_bn(cin, width, 1), _conv_bn(width, width, 3, stride),
+                                  _conv_bn(width, cout, 1, act=None))
+        self.down = _conv_bn(cin, cout, 1, stride, act=None) if stride != 1 or cin != cout else nn.Identity()
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.down(x))
+
+
 class ResNet18(nn.Module):
+    BLOCK, DEPTHS, EXPANSION = BasicBlock, (2, 2, 2, 2), 1
+
     def __init__(self, num_classes=1000):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
                                   nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1))
         blocks, cin = [], 64
-        for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
-            blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
-            cin = cout
+        for (width, stride), depth in zip([(64, 1), (128, 2), (256, 2), (512, 2)], self.DEPTHS):
+            for i in range(depth):
+                blocks.append(self.BLOCK(cin, width, stride if i == 0 else 1))
+                cin = width * self.EXPANSION
         self.layers = nn.Sequential(*blocks)
-        self.fc = nn.Linear(512, num_classes)
+        self.fc = nn.Linear(cin, num_classes)
 
     def forward(self, x):
         x = self.layers(self.stem(x))
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class ResNet50(ResNet18):
+    """ResNet-50 (He et al. 2016, torchvision's layout): bottleneck blocks, depths 3-4-6-3."""
+    BLOCK, DEPTHS, EXPANSION = Bottleneck, (3, 4, 6, 3), 4
 
 
 class InvertedResidual(nn.Module):
@@ -138,6 +160,7 @@ MODELS = {
     "alexnet": (AlexNet, (1, 3, 224, 224)),
     "vgg16": (VGG16, (1, 3, 224, 224)),
     "resnet18": (ResNet18, (1, 3, 224, 224)),
+    "resnet50": (ResNet50, (1, 3, 224, 224)),
     "mobilenetv2": (MobileNetV2, (1, 3, 224, 224)),
 }
 DEFAULT_MODEL = "demo-cnn"
