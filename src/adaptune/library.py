@@ -234,27 +234,49 @@ def _patterns():
     out = []
     for anchor_op in ("relax.nn.conv2d", "relax.matmul"):
         for has_bias in (True, False):
-            for has_res in (True, False):
+            for res_side in (0, 1, None):       # residual: second or first operand of its add, or none
                 for has_post in (True, False):
-                    if not has_bias and not has_res and not has_post:
+                    if not has_bias and res_side is None and not has_post:
                         continue
                     anchor, bias, res = is_op(anchor_op)(wildcard(), is_const()), is_const(), wildcard()
                     y = badd = is_op("relax.add")(anchor, bias) | is_op("relax.add")(bias, anchor) if has_bias else anchor
-                    if has_res:
-                        y = radd = is_op("relax.add")(y, res) | is_op("relax.add")(res, y)
+                    if res_side is not None:     # two patterns, not an Or: a match does not backtrack
+                        y = radd = is_op("relax.add")(*((y, res) if res_side == 0 else (res, y)))
                     clip_max = is_op("relax.maximum")(y, is_const())
                     if has_post:
                         y = functools.reduce(lambda a, b: a | b, [is_op(name)(y) for name in UNARY] +
                                              [is_op("relax.minimum")(clip_max, is_const())])
                     out.append((y, dict(anchor=anchor, bias=bias if has_bias else None, bias_add=badd if has_bias else None,
-                                        residual=res if has_res else None, res_add=radd if has_res else None,
+                                        residual=res if res_side is not None else None,
+                                        res_add=radd if res_side is not None else None,
                                         post=has_post, clip_max=clip_max)))
         out.append((is_op(anchor_op)(wildcard(), is_const()), None))
     return [(p, parts or dict(anchor=p, bias=None, bias_add=None, residual=None, res_add=None, post=False,
                               clip_max=None)) for p, parts in out]
 
 
-def _chain(matched, matches, parts) -> _Chain | None:
+def _single_use(func) -> set:
+    """The calls of ``func`` whose bound value is used exactly once (a chain may absorb only those:
+    an intermediate read elsewhere would be computed twice)."""
+    uses: dict = {}
+
+    @relax.expr_functor.visitor
+    class _Uses(relax.PyExprVisitor):
+        def visit_var_(self, var):
+            uses[var] = uses.get(var, 0) + 1
+
+        def visit_dataflow_var_(self, var):
+            uses[var] = uses.get(var, 0) + 1
+
+    _Uses().visit_expr(func)
+    return {b.value for block in func.body.blocks for b in block.bindings if uses.get(b.var, 0) == 1}
+
+
+def _chain(matched, matches, parts, single) -> _Chain | None:
+    inner = [matches[parts[k]] for k in ("anchor", "bias_add", "res_add", "clip_max")
+             if parts[k] is not None and parts[k] in matches]
+    if any(not c.same_as(matched) and c not in single for c in inner):
+        return None
     anchor = matches[parts["anchor"]]
     post = []
     if parts["post"]:
@@ -273,14 +295,17 @@ def _chain(matched, matches, parts) -> _Chain | None:
 def _rewrite(mod, on_chain) -> "tvm.IRModule":
     """Apply ``on_chain(chain) -> Expr | None`` to every chain of every Relax function (longest first)."""
     for pattern, parts in _patterns():
-        def rewriter(matched, matches, parts=parts):
-            chain = _chain(matched, matches, parts)
-            new = on_chain(chain) if chain is not None else None
-            return matched if new is None else new
         funcs = dict(mod.functions_items())
         for gv, func in funcs.items():
-            if isinstance(func, relax.Function):
-                funcs[gv] = rewrite_call(pattern, rewriter, func)
+            if not isinstance(func, relax.Function):
+                continue
+            single = _single_use(func)
+
+            def rewriter(matched, matches, parts=parts, single=single):
+                chain = _chain(matched, matches, parts, single)
+                new = on_chain(chain) if chain is not None else None
+                return matched if new is None else new
+            funcs[gv] = relax.analysis.remove_all_unused(rewrite_call(pattern, rewriter, func))
         mod = tvm.IRModule(funcs, attrs=mod.attrs)
     return mod
 
