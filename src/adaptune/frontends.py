@@ -223,6 +223,19 @@ def _output_count(mod) -> int:
     return count(mod["main"].ret_ty)
 
 
+def _tensor_outputs_only(mod):
+    """``mod`` with the non-tensor outputs of ``main`` dropped: torch.export keeps a ``None`` in an
+    output structure as an output, which TVM imports as a null value; the reference has no such leaf."""
+    func = mod["main"]
+    fields = list(func.ret_ty.fields) if isinstance(func.ret_ty, tvm.ir.TupleType) else None
+    if fields is None or all(isinstance(f, relax.TensorType) for f in fields):
+        return mod
+    tensors = [i for i, f in enumerate(fields) if isinstance(f, relax.TensorType)]
+    body = relax.SeqExpr(func.body.blocks, relax.Tuple([relax.TupleGetItem(func.body.body, i) for i in tensors]))
+    mod["main"] = relax.Function(func.params, body, tvm.ir.TupleType([fields[i] for i in tensors]), attrs=func.attrs)
+    return relax.transform.Normalize()(mod)
+
+
 def _check_shape(name: str, want, got) -> None:
     if got is not None and tuple(got) != tuple(want):
         raise ModelError(f"input shape mismatch: model input {name!r} is {list(want)}, got {list(got)}")
@@ -264,7 +277,7 @@ def _from_torch(module, args, kwargs, name: str, kind: str, source: str, given: 
             for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     try:
         with _quiet():
-            mod = from_exported_program(ep, keep_params_as_input=False)
+            mod = _tensor_outputs_only(from_exported_program(ep, keep_params_as_input=False))
     except Exception as e:
         raise ModelError(f"unsupported operator in {name}: {_one_line(e)}") from None
     if _output_count(mod) != len(names):
