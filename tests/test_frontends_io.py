@@ -302,3 +302,46 @@ def test_unsupported_or_unimportable_onnx_nodes_are_named(tmp_path, monkeypatch,
     line = _one_error_line(capsys)
     assert "cannot import dyn.onnx at Pad (node 'pad_by_input')" in line and "Dynamic pads" in line
     assert not (tmp_path / "wd").exists()
+
+
+# -- transformers (optional extra: pip install -e ".[models]") ------------------------------------------
+HF_FACTORY = """
+import torch
+from transformers import BertConfig, BertModel
+
+def tiny_bert():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=37, max_position_embeddings=64)
+    return BertModel(cfg).eval(), {"input_ids": torch.randint(0, 99, (1, 16)),
+                                   "attention_mask": torch.ones(1, 16, dtype=torch.long)}
+"""
+
+
+def test_a_tiny_transformers_bert_through_both_entry_points(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    (tmp_path / "hfbert.py").write_text(HF_FACTORY)
+    monkeypatch.chdir(tmp_path)
+    m = load_model("hfbert:tiny_bert")             # returns a ModelOutput
+    assert m.output_names == ["['last_hidden_state']", "['pooler_output']"]
+    assert embedding_vocab(m.mod) == {"input_ids": 99}
+    ex = C.build_untuned(m)
+    assert C.check(ex, m) < 1e-4 and C.check(ex, m, m.example_inputs(seed=1)) < 1e-4
+
+    class Tuple(nn.Module):      # the TorchScript exporter passes transformers 5's BertModel a stray use_cache
+        def __init__(self, bert):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).to_tuple()
+    bert, kw = m.torch_module, m.torch_args([torch.from_numpy(a) for a in m.example_inputs()])[1]
+    f = io.BytesIO()
+    torch.onnx.export(Tuple(bert), (kw["input_ids"], kw["attention_mask"]), f, dynamo=False,
+                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state", "pooler_output"])
+    (tmp_path / "bert.onnx").write_bytes(f.getvalue())
+    o = load_model(str(tmp_path / "bert.onnx"))
+    assert o.output_names == ["last_hidden_state", "pooler_output"] and embedding_vocab(o.mod) == {"input_ids": 99}
+    ids, mask = o.example_inputs(seed=2)
+    assert ids.max() < 99 and len(np.unique(ids)) > 4 and (mask == 1).all()
+    assert C.check(C.build_untuned(o), o, [ids, mask]) < 1e-4
