@@ -15,7 +15,7 @@ from torch import nn
 from adaptune import compile as C
 from adaptune.cli import main
 from adaptune.cli_models import _Bad, _input
-from adaptune.frontends import InputSpec, ModelError, embedding_vocab, load_model
+from adaptune.frontends import InputSpec, ModelError, _draw, embedding_vocab, load_model
 
 
 def _one_error_line(capsys) -> str:
@@ -88,6 +88,7 @@ def test_integer_inputs_get_valid_values_by_their_use():
     assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < 50 and len(np.unique(ids)) > 10
     assert (mask == 1).all()
     assert set(np.unique(types)) == {0, 1, 2}
+    assert (_draw(np.random.default_rng(0), "head_mask", (2, 3), "float32") == 1).all()     # float masks too
     assert flag.dtype == np.int32 and set(np.unique(flag)) == {0, 1}
     ex = C.build_untuned(m)
     assert C.check(ex, m, m.example_inputs(seed=1)) < 1e-4

@@ -59,8 +59,8 @@ class Model:
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Valid values for every input.  Seed 0 of a model whose factory returned example inputs
         gives those; otherwise each input is drawn from its ``input_ranges`` entry when the user set
-        one (uniform, ``[low, high)``), else: float inputs standard normal; an input named like a
-        mask (``*mask*``) all ones; an integer input that indexes an embedding table (see
+        one (uniform, ``[low, high)``), else: an input named like a mask (``*mask*``) all ones;
+        other float inputs standard normal; an integer input that indexes an embedding table (see
         ``embedding_vocab``) uniform in ``[0, rows)``; any other integer or bool input in ``[0, 2)``,
         the one range that is valid for every lookup, flag and index a model may take."""
         if seed == 0 and self.given_inputs is not None:
@@ -113,10 +113,10 @@ _TENSOR = object()     # marks a tensor slot among an export's user inputs (the 
 def _draw(rng, name: str, shape, dtype: str, range_=None, vocab=None) -> np.ndarray:
     """One input's values by the rule of ``Model.example_inputs``."""
     kind = np.dtype(dtype).kind
-    if range_ is None and kind in "fc":
-        return rng.standard_normal(shape).astype(dtype)
     if range_ is None and "mask" in name.lower():
         return np.ones(shape, dtype)
+    if range_ is None and kind in "fc":
+        return rng.standard_normal(shape).astype(dtype)
     low, high = range_ or (0, vocab or 2)
     if kind in "fc":
         return rng.uniform(low, high, shape).astype(dtype)
