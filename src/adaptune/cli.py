@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("model", nargs="?" if default else None, default=default, help=model_help)
         q.add_argument("--input-shape", default=None, help="input shape, e.g. 1,3,224,224 (for ONNX files "
                        "with dynamic dims and PyTorch models without example_input_shape)")
+        q.add_argument("--input", action="append", default=None, metavar="NAME:SHAPE:DTYPE[:LOW:HIGH]",
+                       help="an input by name, e.g. input_ids:1,128:int64 (repeatable; keyword inputs of a "
+                            "PyTorch model); LOW:HIGH draws its example values in [LOW, HIGH) (default: "
+                            "embedding ids in [0, vocab), masks all ones, other integers in [0, 2), floats normal)")
         q.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), or a JSON dict')
         q.add_argument("--no-library", action="store_true",
                        help="all generated kernels: run no conv/dense chain as a fused oneDNN call "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -18,16 +19,42 @@ class _Bad(Exception):
     """Bad input found while preparing a command."""
 
 
-def _shape(text):
-    if text is None:
-        return None
+def _dims(text, what: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(x) for x in text.replace("x", ",").split(","))
     except ValueError:
-        raise _Bad(f"--input-shape must be comma-separated integers, got {text!r}") from None
+        raise _Bad(f"{what} must be comma-separated integers, got {text!r}") from None
     if not dims or any(d <= 0 for d in dims):
-        raise _Bad(f"--input-shape must be positive integers, got {text!r}")
+        raise _Bad(f"{what} must be positive integers, got {text!r}")
     return dims
+
+
+def _shape(text):
+    return None if text is None else _dims(text, "--input-shape")
+
+
+_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def _input(text: str):
+    """``NAME:SHAPE:DTYPE[:LOW:HIGH]`` (SHAPE like 1,128 or 1x128) as an ``InputSpec``."""
+    from .frontends import InputSpec
+    parts = text.split(":")
+    if len(parts) not in (3, 5) or not parts[0]:
+        raise _Bad(f"--input must be NAME:SHAPE:DTYPE or NAME:SHAPE:DTYPE:LOW:HIGH, got {text!r}")
+    name, shape, dtype = parts[0], _dims(parts[1], f"--input {parts[0]}: the shape"), parts[2]
+    if dtype not in _DTYPES:
+        raise _Bad(f"--input {name}: unknown dtype {dtype!r} (one of {', '.join(_DTYPES)})")
+    if len(parts) == 3:
+        return InputSpec(name, shape, dtype)
+    try:
+        low, high = (float(v) if dtype.startswith("float") else int(v) for v in parts[3:])
+    except ValueError:
+        raise _Bad(f"--input {name}: LOW and HIGH must be {'numbers' if dtype.startswith('float') else 'integers'}, "
+                   f"got {parts[3]!r} and {parts[4]!r}") from None
+    if not low < high or not all(map(math.isfinite, (low, high))):
+        raise _Bad(f"--input {name}: the range [{parts[3]}, {parts[4]}) is empty or not finite")
+    return InputSpec(name, shape, dtype, (low, high))
 
 
 def _load(args):
@@ -42,9 +69,10 @@ def _load(args):
         raise _Bad(f"models are measured and run on this machine's CPU; target kind {target.kind.name!r} "
                    "is not supported here")
     shape = _shape(args.input_shape)
+    inputs = [_input(t) for t in args.input or ()]
     try:
         with _spinner(f"loading {args.model}"):
-            return load_model(args.model, input_shape=shape), target
+            return load_model(args.model, input_shape=shape, inputs=inputs), target
     except ModelError as e:
         raise _Bad(str(e)) from None
 
