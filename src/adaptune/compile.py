@@ -143,14 +143,15 @@ def check(executable, model, inputs=None, *, rtol=1e-3, atol=1e-4) -> float:
     got, want = run_vm(executable, inputs), model.reference(inputs)
     if len(got) != len(want):
         raise NumericsError(f"compiled model returns {len(got)} outputs, reference {len(want)}")
+    names = model.output_names if len(model.output_names) == len(want) else [f"#{i}" for i in range(len(want))]
     worst = 0.0
-    for g, w in zip(got, want):
+    for name, g, w in zip(names, got, want):
         if g.shape != w.shape:
-            raise NumericsError(f"output shape {g.shape} differs from reference {w.shape}")
+            raise NumericsError(f"output {name}: shape {g.shape} differs from reference {w.shape}")
         scale = max(float(np.abs(w).max()), 1e-6)
         err = float(np.abs(g.astype(np.float64) - w).max()) / scale
         if not np.allclose(g, w, rtol=rtol, atol=atol * scale):
-            raise NumericsError(f"output differs from reference: max error {err:.2e} of output scale")
+            raise NumericsError(f"output {name} differs from reference: max error {err:.2e} of output scale")
         worst = max(worst, err)
     return worst
 

@@ -65,13 +65,13 @@ def _torch_runtimes(model, inputs, compile_torch: bool, skipped) -> dict:
         skipped["pytorch-eager"] = skipped["torch-compile"] = "not a PyTorch model"
         return out
     import torch
-    xt = [torch.from_numpy(a) for a in inputs]
+    args, kwargs = model.torch_args([torch.from_numpy(a) for a in inputs])
     want = model.reference(inputs)
 
     def runner(fn):
         def run():
             with torch.no_grad():
-                return fn(*xt)
+                return fn(*args, **kwargs)
         return run
     eager = runner(model.torch_module)
     out["pytorch-eager"] = (eager, 0.0, f"{torch.get_num_threads()} threads")
