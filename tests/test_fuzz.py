@@ -32,7 +32,9 @@ def test_cli_arguments_never_crash(tmp_path_factory, monkeypatch, capsys, argv):
 
     def would_work(*a, **k):
         raise _WouldWork
-    for mod, name in ((cli_models, "_compile_checked"), (cli, "make_measurer"), (cli_models, "make_measurer")):
+    import adaptune.evaluate as evaluate
+    for mod, name in ((cli_models, "_build_best"), (evaluate, "evaluate"), (cli, "make_measurer"),
+                      (cli_models, "make_measurer")):
         monkeypatch.setattr(mod, name, would_work)
     import adaptune.looptune.evaluate as lt_evaluate
     import adaptune.scheduler as scheduler

@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tuning_args(t, 64, "workload")
     sub.add_parser("workloads", help="list the built-in workloads")
 
-    model_help = "zoo name (demo-cnn, alexnet, vgg16, resnet18, mobilenetv2), an .onnx file, or module:attr of a PyTorch model"
+    model_help = "zoo name (demo-cnn, alexnet, vgg16, resnet18, resnet50, mobilenetv2), an .onnx file, or module:attr of a PyTorch model"
 
     def model_args(q, default=None):
         q.add_argument("model", nargs="?" if default else None, default=default, help=model_help)

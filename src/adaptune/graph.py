@@ -74,13 +74,24 @@ def decompose_clip(mod) -> "tvm.IRModule":
 
 
 def optimise(mod) -> "tvm.IRModule":
-    """The graph passes we run before Relax's fusion pipeline (see module docstring)."""
-    return tvm.transform.Sequential([
+    """The graph passes we run before Relax's fusion pipeline (see module docstring).
+
+    The layout pass runs only on graphs with a convolution; where TVM's ConvertLayout fails (it
+    aborts on ``topk`` in 0.27) the graph stays NCHW, with one warning."""
+    mod = tvm.transform.Sequential([
         relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant(), tvm.transform.module_pass(lambda m, _: decompose_clip(m), opt_level=0,
-                                                                  name="DecomposeClip"),
-        relax.transform.ConvertLayout(LAYOUT), relax.transform.FoldConstant(),
-    ])(mod)
+        relax.transform.FoldConstant()])(mod)
+    mod = decompose_clip(mod)
+    if "nn.conv2d" not in op_counts(mod):
+        return mod
+    try:
+        nhwc = relax.transform.ConvertLayout(LAYOUT)(mod)
+    except tvm.error.InternalError as e:
+        import sys
+        print(f"adaptune: warning: the graph stays NCHW (TVM's ConvertLayout failed: {str(e).strip()[:100]})",
+              file=sys.stderr)
+        return mod
+    return relax.transform.FoldConstant()(nhwc)
 
 
 def fuse(mod, target) -> "tvm.IRModule":
