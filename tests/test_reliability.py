@@ -72,8 +72,10 @@ def test_a_fast_wrong_kernel_is_rejected_and_never_reaches_the_database(tmp_path
     assert recs[injected[0]]["error"] == "wrong" and res.failures == {"wrong": 1}
     db = ms.database.JSONDatabase(work_dir=str(tmp_path))
     assert len(db) == 5                                    # the wrong kernel is not a tuning record
-    best = db.get_top_k(db.commit_workload(DENSE.mod()), 1)[0]
-    assert np.median([float(x) for x in best.run_secs]) == pytest.approx(res.best_latency)
+    # JSONDatabase ranks by mean run time, adaptune by median: close kernels can swap, so compare
+    # adaptune's best with the fastest median among the database's records
+    recs = db.get_top_k(db.commit_workload(DENSE.mod()), len(db))
+    assert min(np.median([float(x) for x in r.run_secs]) for r in recs) == pytest.approx(res.best_latency)
 
 
 def test_build_failures_are_records_and_the_run_goes_on(tmp_path, target):
