@@ -110,14 +110,24 @@ def _write_json(path: Path, data) -> None:
 
 
 def _commit_untuned(db, tasks, baselines, target) -> None:
-    """Record each untuned kernel as a candidate (empty trace): a tiny op that only gets slower
-    when parallelised keeps TVM's plain code, because compilation applies the fastest record."""
-    from tvm import s_tir
+    """Record each untuned kernel as a candidate: a tiny op that only gets slower when
+    parallelised keeps TVM's plain code, because compilation applies the fastest record.
+
+    The trace holds one no-op instruction (a block lookup): TVM's ``JSONDatabase.get_top_k`` skips
+    records whose trace is empty, so an empty one would never be applied."""
     for t in tasks:
         if baselines[t.name] is not None:
             db.commit_tuning_record(ms.database.TuningRecord(
-                s_tir.Schedule(t.mod).trace, db.commit_workload(t.mod), run_secs=[baselines[t.name]],
+                untuned_trace(t.mod), db.commit_workload(t.mod), run_secs=[baselines[t.name]],
                 target=target, args_info=ms.arg_info.ArgInfo.from_prim_func(t.mod["main"])))
+
+
+def untuned_trace(mod):
+    """A trace that leaves ``mod`` as it is but that the database returns (see ``_commit_untuned``)."""
+    from tvm import s_tir
+    sch = s_tir.Schedule(mod)
+    sch.get_child_blocks(sch.get_sblock("root"))
+    return sch.trace
 
 
 def check_model_work_dir(work_dir, resume: bool) -> None:
