@@ -78,6 +78,35 @@ def test_fused_conv_bias_add_relu_matches_pytorch_unfused():
     np.testing.assert_allclose(got.numpy(), F.gelu(F.linear(xl, wl, bl)).numpy(), rtol=1e-4, atol=1e-4)
 
 
+class WinoBlock(torch.nn.Module):
+    """Two 3x3 convs of 16 channels on a 9x11 map (tiles cut at both edges): conv+bias+ReLU and
+    conv+bias+residual add+ReLU, then a ReLU6 one (clip as the post-op)."""
+    example_input_shape = (1, 16, 9, 11)
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2, self.c3 = (torch.nn.Conv2d(16, 16, 3, padding=1) for _ in range(3))
+
+    def forward(self, x):
+        y = torch.relu(self.c2(torch.relu(self.c1(x))) + x)
+        return F.relu6(self.c3(y))
+
+
+def test_winograd_chains_match_pytorch(target, empty_db):
+    """Winograd F(4x4,3x3) (generated transforms around oneDNN's grouped GEMM) for conv+bias+ReLU,
+    conv+bias+add+ReLU and conv+bias+clip, on inputs whose tiles run past both edges."""
+    from adaptune import winograd
+    torch.manual_seed(0)
+    m = load_model(WinoBlock().eval(), input_shape=WinoBlock.example_input_shape)
+    ops = L.find_ops(optimise(m.mod))
+    assert all(winograd.supports(op) for op in ops) and len(ops) == 3
+    mod = C.lower_tuned(m, C.open_database(empty_db), target, {op: "winograd" for op in ops})
+    counts = op_counts(mod)
+    assert counts["call_pure_packed"] == 3 and sum(v for k, v in counts.items() if "winograd" in k) == 6
+    x = m.example_inputs(seed=4)
+    assert C.check(tvm.compile(mod, target=target), m, x) < 1e-4
+
+
 def test_chains_are_found_once_each_with_their_epilogues(block):
     ops = L.find_ops(optimise(block.mod))
     assert sorted(o.label for o in ops) == [
@@ -88,7 +117,7 @@ def test_chains_are_found_once_each_with_their_epilogues(block):
 
 def test_offloaded_model_matches_pytorch_and_only_layout_and_glue_stay_in_tvm(block, target, empty_db):
     db = C.open_database(empty_db)
-    ops = list(L.find_ops(optimise(block.mod)))
+    ops = {op: "onednn" for op in L.find_ops(optimise(block.mod))}
     mod = C.lower_tuned(block, db, target, ops)
     assert op_counts(mod)["call_pure_packed"] == 4
     assert C.check(tvm.compile(mod, target=target), block) < 1e-4

@@ -38,11 +38,12 @@ def build_untuned(model, target=None):
     return tvm.compile(fuse(optimise(model.mod), target), target=target)
 
 
-def lower_tuned(model, database, target, library=()) -> "tvm.IRModule":
+def lower_tuned(model, database, target, library=None) -> "tvm.IRModule":
     """The model's module with the best record of every task from ``database`` applied.
 
-    ``library``: chain signatures (``library.LibraryOp``) to run as one fused oneDNN call instead
-    of the generated kernel (Woodpecker's per-operator choice; see ``library.plan``)."""
+    ``library``: chain signatures (``library.LibraryOp``) -> "onednn" | "winograd", the chains to run
+    on a library implementation instead of the generated kernel (Woodpecker's per-operator choice;
+    see ``library.plan``)."""
     mod = optimise(model.mod)
     if library:
         from .library import offload
@@ -52,7 +53,7 @@ def lower_tuned(model, database, target, library=()) -> "tvm.IRModule":
     return schedule_epilogues(mod)
 
 
-def build_tuned(model, database, target=None, library=()):
+def build_tuned(model, database, target=None, library=None):
     """``lower_tuned``, built."""
     target = parse_target(target)
     return tvm.compile(lower_tuned(model, database, target, library), target=target)
@@ -63,7 +64,7 @@ class Build:
     """One build of the model: what it runs on the library, its check and its time."""
     name: str                           # "generated" | "library" | "choice"
     executable: object
-    library: list
+    library: dict                       # chain signature -> "onednn" | "winograd"
     error: float
     seconds: float
 
@@ -84,13 +85,13 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     target = parse_target(target)
     inputs = inputs if inputs is not None else model.example_inputs()
     choices = plan(optimise(model.mod), database, target) if library else []
-    variants = {"generated": []}
+    variants = {"generated": {}}
     if choices:
         variants["library"] = eligible(choices)
         variants["choice"] = chosen(choices)
     builds, seen = [], {}
     for name, ops in variants.items():
-        key = frozenset(ops)
+        key = frozenset(ops.items())
         if key in seen:
             continue
         seen[key] = name

@@ -293,7 +293,14 @@ def _chain(matched, matches, parts, single) -> _Chain | None:
 
 
 def _rewrite(mod, on_chain) -> "tvm.IRModule":
-    """Apply ``on_chain(chain) -> Expr | None`` to every chain of every Relax function (longest first)."""
+    """Apply ``on_chain(chain, add_func) -> Expr | None`` to every chain of every Relax function
+    (longest first); ``add_func(name, prim_func) -> GlobalVar`` adds a kernel the new call needs."""
+    added: dict[str, tuple] = {}
+
+    def add_func(name, prim_func):
+        if name not in added:                 # a BlockBuilder gives the GlobalVar its function type
+            added[name] = (relax.BlockBuilder().add_func(prim_func, name), prim_func)
+        return added[name][0]
     for pattern, parts in _patterns():
         funcs = dict(mod.functions_items())
         for gv, func in funcs.items():
@@ -303,9 +310,10 @@ def _rewrite(mod, on_chain) -> "tvm.IRModule":
 
             def rewriter(matched, matches, parts=parts, single=single):
                 chain = _chain(matched, matches, parts, single)
-                new = on_chain(chain) if chain is not None else None
+                new = on_chain(chain, add_func) if chain is not None else None
                 return matched if new is None else new
             funcs[gv] = relax.analysis.remove_all_unused(rewrite_call(pattern, rewriter, func))
+        funcs.update({gv: f for gv, f in added.values()})
         mod = tvm.IRModule(funcs, attrs=mod.attrs)
     return mod
 
@@ -315,7 +323,7 @@ def find_ops(optimised) -> dict[LibraryOp, int]:
     (counted as ``offload`` would rewrite them: a chain taken by a longer pattern is not seen again)."""
     found: dict[LibraryOp, int] = {}
 
-    def count(chain):
+    def count(chain, _add):
         found[chain.op] = found.get(chain.op, 0) + 1
         return _packed_call(chain)
     _rewrite(optimised, count)
@@ -329,12 +337,18 @@ def _digest(op: LibraryOp, weight: np.ndarray) -> int:
     return int.from_bytes(h.digest(), "little", signed=True)
 
 
-def _packed_call(chain: _Chain) -> relax.Call:
+def _weight_bias(chain: _Chain) -> tuple[np.ndarray, np.ndarray]:
+    """The chain's weight as the vendor op takes it (OIHW | (out, in)) and its bias (zeros if none)."""
     op = chain.op
     w = chain.anchor.args[1].value.numpy()
-    w = w.transpose(0, 3, 1, 2) if op.kind == "conv2d" else w.T          # OHWI -> OIHW; (in,out) -> (out,in)
-    w = np.ascontiguousarray(w)
+    w = np.ascontiguousarray(w.transpose(0, 3, 1, 2) if op.kind == "conv2d" else w.T)  # OHWI -> OIHW; (in,out) -> (out,in)
     b = _per_channel(chain.bias, op.out[-1]) if chain.bias is not None else np.zeros(op.weight[0], "float32")
+    return w, b
+
+
+def _packed_call(chain: _Chain) -> relax.Call:
+    op = chain.op
+    w, b = _weight_bias(chain)
     consts = [relax.const(w), relax.const(np.ascontiguousarray(b))]
     tail = [relax.expr.String(op.post), relax.prim_value(_digest(op, w))]
     if op.kind == "linear":
@@ -348,19 +362,36 @@ def _packed_call(chain: _Chain) -> relax.Call:
     return relax.call_pure_packed(CONV, chain.anchor.args[0], *consts, *attrs, *tail, ty_args=chain.anchor.ty)
 
 
-def offload(optimised, ops) -> "tvm.IRModule":
-    """Rewrite every chain whose signature is in ``ops`` into one fused oneDNN call."""
-    ops = set(ops)
+def _winograd_call(chain: _Chain, add_func) -> relax.Expr:
+    from . import winograd
+    w, b = _weight_bias(chain)
+    return winograd.call(chain.op, chain.anchor.args[0], w, b, chain.residual, _digest(chain.op, w), add_func)
+
+
+IMPLS = ("onednn", "winograd")           # the library's implementations of a chain
+
+
+def offload(optimised, ops: dict) -> "tvm.IRModule":
+    """Rewrite every chain whose signature is in ``ops`` into its library implementation:
+    ``"onednn"``, one fused oneDNN call; ``"winograd"``, ``winograd.call``."""
     if not ops:
         return optimised
-    return _rewrite(optimised, lambda chain: _packed_call(chain) if chain.op in ops else None)
+
+    def on_chain(chain, add_func):
+        impl = ops.get(chain.op)
+        if impl == "onednn":
+            return _packed_call(chain)
+        if impl == "winograd":
+            return _winograd_call(chain, add_func)
+        return None
+    return _rewrite(optimised, on_chain)
 
 
 def chain_modules(optimised) -> dict[LibraryOp, "tvm.IRModule"]:
     """Each signature's chain as a module of its own (its fused kernel is the task to compare with)."""
     mods: dict[LibraryOp, tvm.IRModule] = {}
 
-    def take(chain):
+    def take(chain, _add):
         if chain.op in mods:
             return _packed_call(chain)
         params = [relax.Var("x", chain.anchor.args[0].ty)]
@@ -388,28 +419,62 @@ def chain_modules(optimised) -> dict[LibraryOp, "tvm.IRModule"]:
 class Choice:
     op: LibraryOp
     calls: int
-    library_s: float | None             # None: the library call failed for this signature
+    library_s: float | None             # the fused oneDNN call; None: oneDNN failed for this signature
     generated_s: float | None           # the best record of the chain's fused task
     tasks: list[str] = field(default_factory=list)
+    winograd_s: float | None = None     # Winograd F(4x4,3x3) (``winograd.py``); None: not applicable
+
+    @property
+    def library_impl(self) -> str | None:
+        """The faster library implementation of the chain, or None when the library has none."""
+        times = {k: v for k, v in (("onednn", self.library_s), ("winograd", self.winograd_s)) if v is not None}
+        return min(times, key=times.get) if times else None
+
+    @property
+    def impl(self) -> str:
+        """What the chain runs in the per-chain choice: "generated", "onednn" or "winograd"."""
+        lib = self.library_impl
+        if lib is None:
+            return "generated"
+        lib_s = self.library_s if lib == "onednn" else self.winograd_s
+        return lib if self.generated_s is None or lib_s < self.generated_s else "generated"
 
     @property
     def use_library(self) -> bool:
-        if self.library_s is None:
-            return False
-        return self.generated_s is None or self.library_s < self.generated_s
+        return self.impl != "generated"
 
     def as_dict(self) -> dict:
         ms = lambda s: None if s is None else s * 1e3                     # noqa: E731
         return {"op": self.op.label, "calls": self.calls, "library_ms": ms(self.library_s),
-                "generated_ms": ms(self.generated_s), "tasks": self.tasks,
-                "choice": "onednn" if self.use_library else "generated"}
+                "winograd_ms": ms(self.winograd_s), "generated_ms": ms(self.generated_s), "tasks": self.tasks,
+                "choice": self.impl}
 
 
 def _chain_tasks(optimised, target):
-    """(signature, the tasks its chain compiles to) for every chain of the module."""
+    """(signature, its chain as a module, the tasks that module compiles to) for every chain."""
     from .graph import extract_tasks
     for op, mod in chain_modules(optimised).items():
-        yield op, extract_tasks(mod, target)[0]
+        yield op, mod, extract_tasks(mod, target)[0]
+
+
+def _time_winograd(op: LibraryOp, chain_mod, target, repeat: int = 10) -> float | None:
+    """Seconds per call of the chain as Winograd F(4x4,3x3), built and run through the Relax VM;
+    None when it does not apply (or fails, with one warning line)."""
+    from . import winograd
+    from .compile import time_vm
+    from .graph import fuse
+    if not winograd.supports(op):
+        return None
+    try:
+        ex = tvm.compile(fuse(offload(chain_mod, {op: "winograd"}), target), target=target)
+        rng = np.random.default_rng(0)
+        inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32")
+                  for p in chain_mod["main"].params]
+        return time_vm(ex, inputs, repeat=repeat)
+    except Exception as e:                                  # noqa: BLE001 - any failure: keep the other paths
+        print(f"adaptune: warning: Winograd cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
+              "using oneDNN or the generated kernel", file=sys.stderr)
+        return None
 
 
 def _time_or_warn(op: LibraryOp, repeat: int = 10) -> float | None:
@@ -430,14 +495,15 @@ def plan(optimised, database, target) -> list[Choice]:
     from .measure import latency
     counts = find_ops(optimised)
     choices = []
-    for op, tasks in _chain_tasks(optimised, target):
+    for op, chain_mod, tasks in _chain_tasks(optimised, target):
         lats = []
         for t in tasks:
             rec = database.query_tuning_record(t.mod, target, t.name) if database is not None else None
             if rec is not None and rec.run_secs:
                 lats.append(latency(rec.run_secs))
         generated = sum(lats) if len(lats) == len(tasks) and lats else None
-        choices.append(Choice(op, counts.get(op, 0), _time_or_warn(op), generated, [t.name for t in tasks]))
+        choices.append(Choice(op, counts.get(op, 0), _time_or_warn(op), generated, [t.name for t in tasks],
+                              _time_winograd(op, chain_mod, target)))
     return choices
 
 
@@ -446,23 +512,24 @@ def task_floors(optimised, tasks, target) -> dict[str, float]:
     tuned kernel must beat to be used (the scheduler spends trials where generated code can win)."""
     by_hash = {tvm_ffi.structural_hash(t.mod): t.name for t in tasks}
     floors = {}
-    for op, chain_tasks in _chain_tasks(optimised, target):
+    for op, chain_mod, chain_tasks in _chain_tasks(optimised, target):
         name = by_hash.get(tvm_ffi.structural_hash(chain_tasks[0].mod)) if len(chain_tasks) == 1 else None
         if name is not None and name not in floors:
-            lib = _time_or_warn(op, repeat=5)
-            if lib is not None:
-                floors[name] = lib
+            times = [t for t in (_time_or_warn(op, repeat=5), _time_winograd(op, chain_mod, target, repeat=5))
+                     if t is not None]
+            if times:
+                floors[name] = min(times)
     return floors
 
 
-def chosen(choices) -> list[LibraryOp]:
-    """The signatures a plan gives to the library."""
-    return [c.op for c in choices if c.use_library]
+def chosen(choices) -> dict[LibraryOp, str]:
+    """The signatures a plan gives to the library, with the implementation each runs."""
+    return {c.op: c.impl for c in choices if c.use_library}
 
 
-def eligible(choices) -> list[LibraryOp]:
-    """Every signature the library can run (the all-library build)."""
-    return [c.op for c in choices if c.library_s is not None]
+def eligible(choices) -> dict[LibraryOp, str]:
+    """Every signature the library can run, on its faster implementation (the all-library build)."""
+    return {c.op: c.library_impl for c in choices if c.library_impl is not None}
 
 
 def schedule_epilogues(mod) -> "tvm.IRModule":
