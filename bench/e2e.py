@@ -85,7 +85,9 @@ def main(argv=None) -> int:
                       on_stage=lambda s: print(f"  {s}", flush=True))
         print(f"\n{name}, batch 1, {args.trials} trials, {target}\n{table(ev, wall)}", flush=True)
         for b in ev.best.builds:
-            print(f"  build {b.name}: {b.seconds * 1e3:.3f} ms, {len(b.library)} chains on oneDNN")
+            wino = sum(1 for v in b.library.values() if v == "winograd")
+            print(f"  build {b.name}: {b.seconds * 1e3:.3f} ms, {len(b.library)} chains on the library "
+                  f"({wino} as Winograd)")
         rows = ev.as_dict()
         rows["tuning_s"] = wall
         if args.ms:

@@ -6,10 +6,13 @@ import os
 from importlib import import_module
 
 # A compiled model that calls PyTorch kernels (library choice) alternates PyTorch's OpenMP threads
-# and TVM's thread pool on the same cores; with libgomp's default spin-waiting each side's idle
-# threads starve the other (ResNet-18 measured 5x slower).  Must be set before torch loads libgomp.
-OMP_POLICY_SET_HERE = "OMP_WAIT_POLICY" not in os.environ
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# and TVM's thread pool on the same cores.  libgomp's default spin (300k iterations, or forever with
+# OMP_WAIT_POLICY=ACTIVE) lets idle OpenMP threads starve TVM's kernels; PASSIVE (sleep at once)
+# makes every oneDNN call wake its threads.  A bounded spin of 100k iterations measured best with
+# both runtimes in one model (docs/decisions.md).  Must be set before torch loads libgomp; a user's
+# own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 
 __version__ = "0.1.0"
 

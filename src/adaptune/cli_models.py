@@ -94,15 +94,25 @@ def _choice_table(best) -> None:
     from rich.table import Table
     console = Console()
     if best.choices:
-        table = Table(title="per chain: oneDNN's fused call or our tuned kernel (--no-library: ours everywhere)")
-        for col in ("chain", "calls", "oneDNN", "tuned (fused)", "faster"):
-            table.add_column(col, justify="left" if col in ("chain", "faster") else "right")
+        table = Table(title="per chain: oneDNN's fused call, Winograd (our transforms + oneDNN GEMM) or our "
+                            "tuned kernel (--no-library: ours everywhere)")
+        for col in ("chain", "calls", "oneDNN", "Winograd", "tuned (fused)", "fastest"):
+            table.add_column(col, justify="left" if col in ("chain", "fastest") else "right")
+        names = {"onednn": "oneDNN", "winograd": "Winograd", "generated": "generated"}
         for c in best.choices:
-            table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.generated_s),
-                          "oneDNN" if c.use_library else "generated")
+            table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.winograd_s), _ms(c.generated_s),
+                          names[c.impl])
         console.print(table)
     console.print("whole model: " + ", ".join(f"{b.name} {_ms(b.seconds)}" for b in best.builds) +
                   f"  ->  keeps the {best.best.name} build")
+
+
+def _library_summary(library: dict, chains: int | None = None) -> str:
+    """What a build runs on the library: "5 of 16 conv/dense chains as fused oneDNN calls, 10 as Winograd"."""
+    onednn = sum(1 for v in library.values() if v == "onednn")
+    wino = len(library) - onednn
+    of = "" if chains is None else f" of {chains}"
+    return f"{onednn}{of} conv/dense chains as fused oneDNN calls" + (f", {wino} as Winograd" if wino else "")
 
 
 def _build_best(args, model, target, db):
@@ -190,8 +200,8 @@ def cmd_tune(args) -> int:
     console.print(f"[bold]{model.name}: untuned TVM {_ms(t0)}  ->  tuned {_ms(gen.seconds)}   "
                   f"speedup {t0 / gen.seconds:.1f}x[/]")
     if best.best.name != "generated":
-        console.print(f"[bold]with {len(best.best.library)} of {len(best.choices)} conv/dense chains as fused oneDNN "
-                      f"calls: {_ms(best.best.seconds)}   speedup {t0 / best.best.seconds:.1f}x[/]")
+        console.print(f"[bold]with {_library_summary(best.best.library, len(best.choices))}: "
+                      f"{_ms(best.best.seconds)}   speedup {t0 / best.best.seconds:.1f}x[/]")
     console.print(f"next: adaptune bench {args.model} --db {work_dir}   |   adaptune report {work_dir}")
     return 0
 
@@ -212,7 +222,7 @@ def cmd_compile(args) -> int:
         return _fail(f"compiled model fails the numerical check, nothing written: {e}", 1)
     C.export(best.best.executable, out)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); numerics PASS (max error {best.best.error:.1e}); "
-          f"{len(best.best.library)} conv/dense chains as fused oneDNN calls. Load with "
+          f"{_library_summary(best.best.library)}. Load with "
           "tvm.relax.VirtualMachine(adaptune.compile.load(path), tvm.cpu())")
     return 0
 

@@ -136,8 +136,10 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
         gen = next(b for b in best.builds if b.name == "generated")
         contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, "")
         on_lib = len(best.best.library)
+        wino = sum(1 for v in best.best.library.values() if v == "winograd")
         contenders["adaptune"] = (_vm_runner(best.best.executable, inputs), best.best.error,
-                                  f"{best.best.name} build; {on_lib}/{len(best.choices)} chains on oneDNN")
+                                  f"{best.best.name} build; {on_lib}/{len(best.choices)} chains on the library "
+                                  f"({wino} Winograd)")
     else:
         skipped["adaptune-generated"] = skipped["adaptune"] = "no tuning database (--db)"
     if anchors:
@@ -162,6 +164,6 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
 def thread_settings() -> dict:
     """The thread-pool settings in force (they decide how PyTorch's and TVM's pools share cores)."""
     import torch
-    return {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+    return {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT"),
             "TVM_THREAD_POOL_SPIN_COUNT": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT"),
             "torch_threads": torch.get_num_threads(), "cores": os.cpu_count()}
