@@ -145,9 +145,11 @@ def _library_table(choices) -> str:
     esc = html.escape
     rows = "".join(
         f"<tr><td>{esc(c['op'])}</td><td>{c['calls']}</td><td>{_opt_ms(c['library_ms'])}</td>"
-        f"<td>{_opt_ms(c['generated_ms'])}</td><td>{esc(c['choice'])}</td></tr>" for c in choices)
-    return ("<h2>Per chain: oneDNN's fused call or our tuned kernel</h2><table><tr><th>chain</th><th>calls</th>"
-            f"<th>oneDNN ms</th><th>tuned (fused) ms</th><th>faster</th></tr>{rows}</table>")
+        f"<td>{_opt_ms(c.get('winograd_ms'))}</td><td>{_opt_ms(c['generated_ms'])}</td>"
+        f"<td>{esc(c['choice'])}</td></tr>" for c in choices)
+    return ("<h2>Per chain: oneDNN's fused call, Winograd or our tuned kernel</h2><table><tr><th>chain</th>"
+            f"<th>calls</th><th>oneDNN ms</th><th>Winograd ms</th><th>tuned (fused) ms</th><th>fastest</th></tr>"
+            f"{rows}</table>")
 
 
 def _opt_ms(ms) -> str:
