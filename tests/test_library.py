@@ -93,7 +93,7 @@ class WinoBlock(torch.nn.Module):
         return F.relu6(self.c3(y))
 
 
-def test_winograd_chains_match_pytorch(target, empty_db):
+def test_winograd_chains_match_pytorch_and_load_in_a_fresh_process(target, empty_db, tmp_path):
     """Winograd F(4x4,3x3) (generated transforms around oneDNN's grouped GEMM) for conv+bias+ReLU,
     conv+bias+add+ReLU and conv+bias+clip, on inputs whose tiles run past both edges."""
     from adaptune import winograd
@@ -105,7 +105,16 @@ def test_winograd_chains_match_pytorch(target, empty_db):
     counts = op_counts(mod)
     assert counts["call_pure_packed"] == 3 and sum(v for k, v in counts.items() if "winograd" in k) == 6
     x = m.example_inputs(seed=4)
-    assert C.check(tvm.compile(mod, target=target), m, x) < 1e-4
+    ex = tvm.compile(mod, target=target)
+    assert C.check(ex, m, x) < 1e-4
+    # exported, it loads and runs in a fresh process (the oneDNN GEMM registers on import)
+    lib = C.export(ex, tmp_path / "wino.so")
+    np.save(tmp_path / "x.npy", x[0])
+    code = ("import sys, numpy as np; from adaptune import compile as C; "
+            "np.save(sys.argv[3], C.run_vm(C.load(sys.argv[1]), [np.load(sys.argv[2])])[0])")
+    subprocess.run([sys.executable, "-c", code, str(lib), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                   check=True, capture_output=True)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), m.reference(x)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_chains_are_found_once_each_with_their_epilogues(block):
