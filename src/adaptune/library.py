@@ -36,7 +36,7 @@ from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 CONV, CONV_ADD, LINEAR = "adaptune.onednn.conv2d", "adaptune.onednn.conv2d_add", "adaptune.onednn.linear"
 
-_PACKED: dict = {}          # (kind, weight digest, attributes) -> oneDNN-blocked weight
+_CALLS: dict = {}           # (kind, digest of op, weight and bias) -> what the call needs besides x
 
 
 def _post(spec: str):
@@ -62,53 +62,46 @@ def _to_tvm_nhwc(y):
     return tvm.runtime.from_dlpack(y if y.is_contiguous() else y.contiguous())
 
 
-def _conv_weight(key, w, padding, stride, dilation, groups, x_shape):
-    packed = _PACKED.get(key)
-    if packed is None:
-        packed = torch.ops.mkldnn._reorder_convolution_weight(
-            torch.from_dlpack(w).clone(), padding, stride, dilation, groups, x_shape)
-        _PACKED[key] = packed
-    return packed
+def _conv_call(key, tx, w, b, padding, stride, dilation, groups, post):
+    """The conv call's fixed arguments, prepared once per call site: the weight reordered to
+    oneDNN's blocked layout, the bias as a torch tensor of its own, the attributes as lists (the
+    per-call conversions cost ~40 µs, more than a small MobileNet convolution)."""
+    call = _CALLS.get(key)
+    if call is None:
+        args = [list(padding), list(stride), list(dilation), int(groups)]
+        packed = torch.ops.mkldnn._reorder_convolution_weight(torch.from_dlpack(w).clone(), *args, list(tx.shape))
+        call = _CALLS[key] = (packed, torch.from_dlpack(b).clone(), args, *_post(post))
+    return call
 
 
 @tvm_ffi.register_global_func(CONV, override=True)
 def onednn_conv2d(x, w, b, padding, stride, dilation, groups, post, key):
     """conv2d + bias + unary post-op in one oneDNN call; x NHWC, w OIHW (pre-packed once), b (C,)."""
     tx = _nchw(x)
-    args = [list(padding), list(stride), list(dilation), int(groups)]
-    pw = _conv_weight(("conv", key), w, *args, list(tx.shape))
-    name, scalars, algorithm = _post(post)
-    with torch.no_grad():
-        y = torch.ops.mkldnn._convolution_pointwise(tx, pw, torch.from_dlpack(b), *args, name, scalars, algorithm)
-    return _to_tvm_nhwc(y)
+    pw, tb, args, name, scalars, algorithm = _conv_call(("conv", key), tx, w, b, padding, stride, dilation,
+                                                        groups, post)
+    return _to_tvm_nhwc(torch.ops.mkldnn._convolution_pointwise(tx, pw, tb, *args, name, scalars, algorithm))
 
 
 @tvm_ffi.register_global_func(CONV_ADD, override=True)
 def onednn_conv2d_add(x, other, w, b, padding, stride, dilation, groups, post, key):
     """conv2d + bias + residual add (+ReLU) in one oneDNN call (the ``.binary`` form)."""
     tx = _nchw(x)
-    args = [list(padding), list(stride), list(dilation), int(groups)]
-    pw = _conv_weight(("conv", key), w, *args, list(tx.shape))
-    name, scalars, _ = _post(post)
-    with torch.no_grad():
-        y = torch.ops.mkldnn._convolution_pointwise.binary(
-            tx, _nchw(other), pw, torch.from_dlpack(b), *args, "add", None,
-            None if name == "none" else name, scalars, None)
-    return _to_tvm_nhwc(y)
+    pw, tb, args, name, scalars, _ = _conv_call(("conv", key), tx, w, b, padding, stride, dilation, groups, post)
+    return _to_tvm_nhwc(torch.ops.mkldnn._convolution_pointwise.binary(
+        tx, _nchw(other), pw, tb, *args, "add", None, None if name == "none" else name, scalars, None))
 
 
 @tvm_ffi.register_global_func(LINEAR, override=True)
 def onednn_linear(x, w, b, post, key):
     """x @ w.T + b with a unary post-op in one oneDNN call; w (out, in), pre-packed once."""
     tx = torch.from_dlpack(x)
-    packed = _PACKED.get(("linear", key))
-    if packed is None:
+    call = _CALLS.get(("linear", key))
+    if call is None:
         packed = torch.ops.mkldnn._reorder_linear_weight(torch.from_dlpack(w).clone(), int(np.prod(tx.shape[:-1])))
-        _PACKED[("linear", key)] = packed
-    name, scalars, algorithm = _post(post)
-    with torch.no_grad():
-        y = torch.ops.mkldnn._linear_pointwise(tx, packed, torch.from_dlpack(b), name, scalars, algorithm)
-    return tvm.runtime.from_dlpack(y)
+        call = _CALLS[("linear", key)] = (packed, torch.from_dlpack(b).clone(), *_post(post))
+    packed, tb, name, scalars, algorithm = call
+    return tvm.runtime.from_dlpack(torch.ops.mkldnn._linear_pointwise(tx, packed, tb, name, scalars, algorithm))
 
 
 def _shape(expr) -> tuple[int, ...]:
@@ -147,7 +140,7 @@ class LibraryOp:
         rng = np.random.default_rng(0)
         arrays = [rng.standard_normal(s).astype("float32") for s in (self.data, self.weight, (self.weight[0],), self.out)]
         x, w, b, other = (tvm.runtime.tensor(a) for a in arrays)
-        key = _digest(self, arrays[1])
+        key = _digest(self, arrays[1], arrays[2])
         if self.kind == "linear":
             return time_callable(lambda: onednn_linear(x, w, b, self.post, key), repeat=repeat)
         if self.residual:
@@ -330,9 +323,10 @@ def find_ops(optimised) -> dict[LibraryOp, int]:
     return found
 
 
-def _digest(op: LibraryOp, weight: np.ndarray) -> int:
-    """A content key for the pre-packed weight (same weights and call: same packed tensor)."""
+def _digest(op: LibraryOp, weight: np.ndarray, bias: np.ndarray) -> int:
+    """A content key for a call site's prepared arguments (same call, weight and bias: same key)."""
     h = hashlib.blake2b(weight.tobytes(), digest_size=8)
+    h.update(bias.tobytes())
     h.update(repr(op).encode())
     return int.from_bytes(h.digest(), "little", signed=True)
 
@@ -350,7 +344,7 @@ def _packed_call(chain: _Chain) -> relax.Call:
     op = chain.op
     w, b = _weight_bias(chain)
     consts = [relax.const(w), relax.const(np.ascontiguousarray(b))]
-    tail = [relax.expr.String(op.post), relax.prim_value(_digest(op, w))]
+    tail = [relax.expr.String(op.post), relax.prim_value(_digest(op, w, b))]
     if op.kind == "linear":
         return relax.call_pure_packed(LINEAR, chain.anchor.args[0], *consts, *tail, ty_args=chain.anchor.ty)
     pad, strides, dilation, groups = op.attrs
@@ -365,7 +359,7 @@ def _packed_call(chain: _Chain) -> relax.Call:
 def _winograd_call(chain: _Chain, add_func) -> relax.Expr:
     from . import winograd
     w, b = _weight_bias(chain)
-    return winograd.call(chain.op, chain.anchor.args[0], w, b, chain.residual, _digest(chain.op, w), add_func)
+    return winograd.call(chain.op, chain.anchor.args[0], w, b, chain.residual, _digest(chain.op, w, b), add_func)
 
 
 IMPLS = ("onednn", "winograd")           # the library's implementations of a chain
