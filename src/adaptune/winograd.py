@@ -96,6 +96,17 @@ def _parse(src: str):
     return tvm.script.from_source("\n".join(out), extra_vars={"T": T}, s_tir=True)
 
 
+def _prologue(params: str, tiles_: int, c: int, local: dict[str, int]) -> list[str]:
+    """A transform's TVMScript up to its first vectorised loop: one tile per parallel iteration,
+    16 channels at a time, ``local`` buffers of (rows, 16) floats."""
+    return (["@T.prim_func(private=True, s_tir=True)", f"def main({params}):",
+             '    T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})',
+             f"    for t in T.parallel({tiles_}):", f"        for co in range({c // LANES}):"]
+            + [f'            {name} = T.sblock_alloc_buffer(({rows}, {LANES}), "float32", scope="local")'
+               for name, rows in local.items()]
+            + [f"            for ci in T.vectorized({LANES}):"])
+
+
 def input_transform(h: int, w: int, c: int):
     """PrimFunc ``x (1,H,W,C) -> V (1,Th,Tw,36·C)``, channel index ``(ξ·6+ν)·C + c``.
 
@@ -105,15 +116,9 @@ def input_transform(h: int, w: int, c: int):
     th, tw = tiles(h, w)
     ty, tx = f"(t // {tw})", f"(t % {tw})"
     ch = f"co * {LANES} + ci"
-    lines = ["@T.prim_func(private=True, s_tir=True)",
-             f'def main(x: T.Buffer((1, {h}, {w}, {c}), "float32"), '
-             f'v: T.Buffer((1, {th}, {tw}, {ALPHA * ALPHA * c}), "float32")):',
-             '    T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})',
-             f"    for t in T.parallel({th * tw}):",
-             f"        for co in range({c // LANES}):",
-             f'            d = T.sblock_alloc_buffer(({ALPHA * ALPHA}, {LANES}), "float32", scope="local")',
-             f'            u = T.sblock_alloc_buffer(({ALPHA * ALPHA}, {LANES}), "float32", scope="local")',
-             f"            for ci in T.vectorized({LANES}):"]
+    lines = _prologue(f'x: T.Buffer((1, {h}, {w}, {c}), "float32"), '
+                      f'v: T.Buffer((1, {th}, {tw}, {ALPHA * ALPHA * c}), "float32")',
+                      th * tw, c, {"d": ALPHA * ALPHA, "u": ALPHA * ALPHA})
     for i in range(ALPHA):
         for j in range(ALPHA):
             y, xx = f"({ty} * {M} + {i - 1})", f"({tx} * {M} + {j - 1})"
@@ -150,14 +155,9 @@ def output_transform(h: int, w: int, c: int, residual: bool, post: str):
     ty, tx = f"(t // {tw})", f"(t % {tw})"
     ch = f"co * {LANES} + ci"
     res_arg = f'r: T.Buffer((1, {h}, {w}, {c}), "float32"), ' if residual else ""
-    lines = ["@T.prim_func(private=True, s_tir=True)",
-             f'def main(m: T.Buffer((1, {th}, {tw}, {ALPHA * ALPHA * c}), "float32"), '
-             f'bias: T.Buffer(({c},), "float32"), {res_arg}y: T.Buffer((1, {h}, {w}, {c}), "float32")):',
-             '    T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})',
-             f"    for t in T.parallel({th * tw}):",
-             f"        for co in range({c // LANES}):",
-             f'            s = T.sblock_alloc_buffer(({ALPHA * M}, {LANES}), "float32", scope="local")',
-             f"            for ci in T.vectorized({LANES}):"]
+    lines = _prologue(f'm: T.Buffer((1, {th}, {tw}, {ALPHA * ALPHA * c}), "float32"), '
+                      f'bias: T.Buffer(({c},), "float32"), {res_arg}y: T.Buffer((1, {h}, {w}, {c}), "float32")',
+                      th * tw, c, {"s": ALPHA * M})
     for xi in range(ALPHA):
         for bb in range(M):
             lines.append(f"                s[{xi * M + bb}, ci] = "
