@@ -1,0 +1,156 @@
+"""``torch.compile(model, backend="adaptune", options={...})``: a Dynamo backend that tunes and compiles.
+
+Dynamo hands each graph it captures to ``adaptune_backend`` as an FX GraphModule whose parameters
+and buffers arrive as inputs.  The backend folds those into constants (so the library path sees
+constant weights), imports the graph with the PyTorch frontend, tunes it into its own folder of
+``work_dir`` (keyed by the graph's code and input signature), builds the fastest checked build
+(``compile.build_best``) and returns a callable that runs it on torch tensors through DLPack.
+The folder keeps the final build's per-chain choice, so a second call with the same work dir
+rebuilds from the records and measures nothing.  A graph adaptune cannot import or compile runs
+eagerly, with one warning line; graph breaks are Dynamo's, their pieces run eagerly as always.
+
+torch's own ``tvm`` backend imports Relay, which TVM 0.27 no longer has.  Inference only: the
+compiled graph computes no gradients.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+OPTIONS = {"trials": 64, "work_dir": "runs/dynamo", "strategy": "chameleon", "target": None, "library": True}
+CHOICE = "compiled.json"        # the final build's per-chain choice, in a graph's folder
+
+
+def _weight_positions(gm, example_inputs) -> list[int]:
+    """The inputs that are the module's parameters and buffers (Dynamo lifts them into inputs)."""
+    from torch._dynamo.source import is_from_unspecialized_param_buffer_source
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = []
+    for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
+        arg = node.meta.get("grapharg")
+        source = getattr(arg, "source", None)
+        if isinstance(value, torch.nn.Parameter) or (source is not None
+                                                     and is_from_unspecialized_param_buffer_source(source)):
+            out.append(i)
+    return out
+
+
+def _frozen(gm, example_inputs, weights: list[int]) -> torch.fx.GraphModule:
+    """``gm`` with its weight inputs turned into constant attributes: it takes the other inputs only."""
+    root = torch.nn.Module()
+    graph = torch.fx.Graph()
+    env = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        if i in weights:
+            name = f"w{i}"
+            root.register_buffer(name, example_inputs[i].detach().clone())
+            env[node] = graph.get_attr(name)
+        else:
+            env[node] = graph.placeholder(node.name)
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    for name, mod in gm.named_children():
+        root.add_module(name, mod)
+    return torch.fx.GraphModule(root, graph)
+
+
+def _key(gm, example_inputs) -> str:
+    """A graph's folder name: its code and its inputs' shapes and dtypes (weights' values aside:
+    kernels depend on shapes only, and every build is checked on the actual weights)."""
+    h = hashlib.blake2b(gm.code.encode(), digest_size=6)
+    h.update(repr([(tuple(t.shape), str(t.dtype)) for t in example_inputs]).encode())
+    return f"graph-{h.hexdigest()}"
+
+
+def _saved_choice(folder: Path, optimised) -> dict | None:
+    """The per-chain choice a former call kept, as ``{LibraryOp: impl}``; None when there is none."""
+    path = folder / CHOICE
+    if not path.is_file():
+        return None
+    from .library import find_ops
+    saved = json.loads(path.read_text())["library"]
+    return {op: saved[repr(op)] for op in find_ops(optimised) if repr(op) in saved}
+
+
+def _compile(model, folder: Path, opts: dict):
+    """Tune ``model`` into ``folder`` (unless a former call did) and build it: (executable, summary)."""
+    from . import compile as C
+    from .graph import optimise
+    from .scheduler import MODEL_META, tune_model
+    from .target import parse_target
+    target = parse_target(opts["target"])
+    library = _saved_choice(folder, optimise(model.mod))
+    if library is not None:                                 # a former call's build: measure nothing
+        ex = C.build_tuned(model, C.open_database(folder), target, library)
+        error = C.check(ex, model)
+        return ex, f"rebuilt from {folder} (nothing measured), max error {error:.1e}"
+    resume = (folder / MODEL_META).is_file()
+    result = tune_model(model, target, trials=opts["trials"], strategy=opts["strategy"], work_dir=folder,
+                        resume=resume, library=opts["library"])
+    best = C.build_best(model, C.open_database(folder), target, library=opts["library"])
+    tmp = folder / (CHOICE + ".tmp")
+    tmp.write_text(json.dumps({"build": best.best.name, "seconds": best.best.seconds,
+                               "library": {repr(op): impl for op, impl in best.best.library.items()}}, indent=1))
+    tmp.replace(folder / CHOICE)
+    return best.best.executable, (f"{result.new_trials} trials measured, {best.best.name} build "
+                                  f"{best.best.seconds * 1e3:.3f} ms, max error {best.best.error:.1e}")
+
+
+def _runner(executable, weights: list[int], spec, tensor_slots: list[int], constants: list):
+    """The callable Dynamo calls: the graph's non-weight inputs in, its output structure out."""
+    import tvm
+    from torch.utils._pytree import tree_unflatten
+    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+    skip = set(weights)
+
+    def flat(out):
+        if isinstance(out, tvm.runtime.Tensor):
+            return [torch.from_dlpack(out)]
+        return [t for o in out for t in flat(o)]
+
+    def run(*args):
+        inputs = [tvm.runtime.from_dlpack(a.detach().contiguous()) for i, a in enumerate(args) if i not in skip]
+        got = iter(flat(vm["main"](*inputs)))
+        leaves = list(constants)
+        for slot in tensor_slots:
+            leaves[slot] = next(got)
+        return tree_unflatten(leaves, spec)
+    return run
+
+
+def adaptune_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
+    """The Dynamo backend (see the module doc); ``options``: trials, work_dir, strategy, target, library."""
+    from torch.utils._pytree import tree_flatten
+
+    from .frontends import ModelError, _from_torch
+    unknown = set(options or {}) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown adaptune backend option(s) {sorted(unknown)}; known: {sorted(OPTIONS)}")
+    opts = {**OPTIONS, **(options or {})}
+    if not all(isinstance(t, torch.Tensor) for t in example_inputs):
+        print("adaptune: warning: a graph with non-tensor inputs runs eagerly", file=sys.stderr)
+        return gm.forward
+    key = _key(gm, example_inputs)
+    weights = _weight_positions(gm, example_inputs)
+    frozen = _frozen(gm, example_inputs, weights)
+    args = tuple(t.detach() for i, t in enumerate(example_inputs) if i not in weights)
+    with torch.no_grad():
+        out = gm(*example_inputs)
+    leaves, spec = tree_flatten(out)
+    slots = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    try:
+        model = _from_torch(frozen, args, {}, key, "torch", f"dynamo:{key}", given=True)
+        folder = Path(opts["work_dir"]) / key
+        executable, summary = _compile(model, folder, opts)
+    except (ModelError, RuntimeError, ValueError) as e:
+        print(f"adaptune: warning: {key} runs eagerly: {' '.join(str(e).split())[:200]}", file=sys.stderr)
+        return gm.forward
+    print(f"adaptune: {key}: {summary}", file=sys.stderr)
+    return _runner(executable, weights, spec, slots, [None if i in slots else v for i, v in enumerate(leaves)])
