@@ -123,6 +123,25 @@ def _build_best(args, model, target, db):
     return best
 
 
+class _Phases:
+    """Wall time per phase of a run, so the user sees what each costs (the untuned baseline of a
+    transformer once took most of a run)."""
+
+    def __init__(self):
+        self.done: dict[str, float] = {}
+        self.current, self.since = None, time.perf_counter()
+
+    def start(self, text: str | None) -> None:
+        now = time.perf_counter()
+        if self.current is not None:
+            key = self.current.split(" (")[0] if not self.current.startswith("tuning") else "tuning"
+            self.done[key] = self.done.get(key, 0.0) + now - self.since
+        self.current, self.since = text, now
+
+    def __str__(self) -> str:
+        return " · ".join(f"{k} {v:.0f} s" for k, v in self.done.items())
+
+
 def cmd_tune(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -145,12 +164,14 @@ def cmd_tune(args) -> int:
     except (_Bad, WorkDirError, UsageError) as e:
         return _fail(str(e))
     console = Console()
+    phases = _Phases()
     console.print(f"[bold]adaptune[/] tune {model.name}  strategy={args.strategy}  trials={args.trials}  "
                   f"target={target}\nwork dir: {work_dir}")
     with _progress() as progress:
         bar = progress.add_task("preparing", total=args.trials, best="")
 
         def on_stage(text):
+            phases.start(text)
             progress.update(bar, description=text)
 
         def on_progress(done, total, task, est):
@@ -180,15 +201,19 @@ def cmd_tune(args) -> int:
         return 1
     try:
         db = C.open_database(work_dir)
+        phases.start("untuned TVM build and check")
         with _spinner("building untuned TVM"):
             ex0 = C.build_untuned(model, target)
             C.check(ex0, model)
+        phases.start("tuned builds, check and timing")
         best = _build_best(args, model, target, db)
     except NumericsError as e:
         return _fail(f"tuned model fails the numerical check: {e}", 1)
     gen = next(b for b in best.builds if b.name == "generated")
+    phases.start("untuned TVM timing")
     with _spinner("timing untuned TVM"):
-        t0 = C.time_vm(ex0, model.example_inputs())
+        t0 = C.time_vm(ex0, model.example_inputs(), cap_s=C.UNTUNED_CAP_S)
+    phases.start(None)
     meta_path = work_dir / MODEL_META
     meta = json.loads(meta_path.read_text())
     meta["compiled"] = {"untuned_s": t0, "tuned_s": gen.seconds, "max_rel_error": best.best.error,
@@ -202,6 +227,7 @@ def cmd_tune(args) -> int:
     if best.best.name != "generated":
         console.print(f"[bold]with {_library_summary(best.best.library, len(best.choices))}: "
                       f"{_ms(best.best.seconds)}   speedup {t0 / best.best.seconds:.1f}x[/]")
+    console.print(f"time per phase: {phases}")
     console.print(f"next: adaptune bench {args.model} --db {work_dir}   |   adaptune report {work_dir}")
     return 0
 
@@ -325,5 +351,7 @@ def cmd_report(args) -> int:
 def cmd_models(_args) -> int:
     from .zoo import MODELS
     for name, (ctor, shape) in MODELS.items():
-        print(f"{name:12s} input {list(shape)}  {(ctor.__doc__ or ctor.__name__).splitlines()[0]}")
+        given = (", ".join(f"{n} {d}{list(s)}" for n, (s, d) in shape.items()) if isinstance(shape, dict)
+                 else f"float32{list(shape)}")
+        print(f"{name:12s} input {given}  {(ctor.__doc__ or ctor.__name__).splitlines()[0]}")
     return 0

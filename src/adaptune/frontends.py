@@ -469,6 +469,11 @@ def _load(spec, input_shape, inputs) -> Model:
         return _from_torch(spec, *_torch_example(inputs, shape), type(spec).__name__, "torch", type(spec).__name__)
     if spec in zoo.MODELS:
         module, shape = zoo.build(spec)
+        if isinstance(shape, dict):            # named inputs (BERT's token ids and mask)
+            if input_shape is not None:
+                raise ModelError(f"{spec} takes named inputs ({', '.join(shape)}); give them with --input")
+            inputs = inputs or [InputSpec(n, s, d) for n, (s, d) in shape.items()]
+            return _from_torch(module, *_torch_example(inputs, None), spec, "zoo", f"zoo:{spec}")
         _check_shape("x", shape, input_shape)
         return _from_torch(module, *_torch_example(inputs, shape), spec, "zoo", f"zoo:{spec}")
     path = Path(spec)

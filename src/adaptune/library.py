@@ -134,7 +134,7 @@ class LibraryOp:
             return 2.0 * np.prod(self.out) * np.prod(self.weight[1:])
         return 2.0 * np.prod(self.out) * self.weight[1]
 
-    def time(self, *, repeat: int = 10) -> float:
+    def time(self, *, repeat: int = 5) -> float:
         """Seconds per call of the fused library kernel, through the DLPack path the model uses."""
         from .compile import time_callable
         rng = np.random.default_rng(0)
@@ -142,11 +142,12 @@ class LibraryOp:
         x, w, b, other = (tvm.runtime.tensor(a) for a in arrays)
         key = _digest(self, arrays[1], arrays[2])
         if self.kind == "linear":
-            return time_callable(lambda: onednn_linear(x, w, b, self.post, key), repeat=repeat)
+            return time_callable(lambda: onednn_linear(x, w, b, self.post, key), repeat=repeat, min_repeat_ms=100)
         if self.residual:
             return time_callable(lambda: onednn_conv2d_add(x, other, w, b, *self.attrs, self.post, key),
-                                 repeat=repeat)
-        return time_callable(lambda: onednn_conv2d(x, w, b, *self.attrs, self.post, key), repeat=repeat)
+                                 repeat=repeat, min_repeat_ms=100)
+        return time_callable(lambda: onednn_conv2d(x, w, b, *self.attrs, self.post, key), repeat=repeat,
+                             min_repeat_ms=100)
 
 
 # ---- the chains, as Relax dataflow patterns (longest first) --------------------------------------
@@ -451,7 +452,7 @@ def _chain_tasks(optimised, target):
         yield op, mod, extract_tasks(mod, target)[0]
 
 
-def _time_winograd(op: LibraryOp, chain_mod, target, repeat: int = 10) -> float | None:
+def _time_winograd(op: LibraryOp, chain_mod, target, repeat: int = 5) -> float | None:
     """Seconds per call of the chain as Winograd F(4x4,3x3), built and run through the Relax VM;
     None when it does not apply (or fails, with one warning line)."""
     from . import winograd
@@ -464,14 +465,14 @@ def _time_winograd(op: LibraryOp, chain_mod, target, repeat: int = 10) -> float 
         rng = np.random.default_rng(0)
         inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32")
                   for p in chain_mod["main"].params]
-        return time_vm(ex, inputs, repeat=repeat)
+        return time_vm(ex, inputs, repeat=repeat, min_repeat_ms=100)
     except Exception as e:                                  # noqa: BLE001 - any failure: keep the other paths
         print(f"adaptune: warning: Winograd cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
               "using oneDNN or the generated kernel", file=sys.stderr)
         return None
 
 
-def _time_or_warn(op: LibraryOp, repeat: int = 10) -> float | None:
+def _time_or_warn(op: LibraryOp, repeat: int = 5) -> float | None:
     """The fused call's time, or None with one warning line when oneDNN rejects the chain."""
     try:
         return op.time(repeat=repeat)
@@ -509,7 +510,7 @@ def task_floors(optimised, tasks, target) -> dict[str, float]:
     for op, chain_mod, chain_tasks in _chain_tasks(optimised, target):
         name = by_hash.get(tvm_ffi.structural_hash(chain_tasks[0].mod)) if len(chain_tasks) == 1 else None
         if name is not None and name not in floors:
-            times = [t for t in (_time_or_warn(op, repeat=5), _time_winograd(op, chain_mod, target, repeat=5))
+            times = [t for t in (_time_or_warn(op), _time_winograd(op, chain_mod, target))
                      if t is not None]
             if times:
                 floors[name] = min(times)

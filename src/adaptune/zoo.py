@@ -1,6 +1,7 @@
 """Built-in models, written here because torchvision does not import beside our torch.
 
-Standard architectures and input shapes (batch 1, 224x224 ImageNet; the demo CNN takes 32x32),
+Standard architectures and input shapes (batch 1, 224x224 ImageNet; the demo CNN takes 32x32;
+BERT-base takes 128 token ids and their attention mask; no ``transformers`` needed at run time),
 random weights under a fixed seed: tuning and timing do not depend on the weight values, and
 numerical checks compare against the same weights in PyTorch.
 """
@@ -154,7 +155,88 @@ class MobileNetV2(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
-#: name -> (constructor, input shape)
+class _Attention(nn.Module):
+    """Multi-head self-attention written out (matmul, scale, mask, softmax, matmul), as BERT's and
+    ViT's eager implementations compute it."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.ModuleList(nn.Linear(dim, dim) for _ in range(3))
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x, mask_bias=None):
+        b, n, d = x.shape
+        q, k, v = (lin(x).view(b, n, self.heads, d // self.heads).transpose(1, 2) for lin in self.qkv)
+        scores = q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5
+        if mask_bias is not None:
+            scores = scores + mask_bias
+        y = torch.softmax(scores, dim=-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, n, d))
+
+
+class _EncoderLayer(nn.Module):
+    """A transformer encoder layer: post-norm (BERT) or pre-norm (ViT), GELU MLP."""
+
+    def __init__(self, dim, heads, hidden, pre_norm, eps):
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.attn, self.norm1, self.norm2 = _Attention(dim, heads), nn.LayerNorm(dim, eps=eps), nn.LayerNorm(dim, eps=eps)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x, mask_bias=None):
+        if self.pre_norm:
+            x = x + self.attn(self.norm1(x), mask_bias)
+            return x + self.mlp(self.norm2(x))
+        x = self.norm1(x + self.attn(x, mask_bias))
+        return self.norm2(x + self.mlp(x))
+
+
+class Bert(nn.Module):
+    """BERT-base (Devlin et al.), computed as Hugging Face's ``BertModel`` computes it.
+
+    Takes token ids and an attention mask, returns the last hidden state and the pooled output."""
+
+    def __init__(self, vocab=30522, dim=768, layers=12, heads=12, hidden=3072, max_len=512):
+        super().__init__()
+        self.words, self.positions, self.types = nn.Embedding(vocab, dim), nn.Embedding(max_len, dim), nn.Embedding(2, dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-12)
+        self.layers = nn.ModuleList(_EncoderLayer(dim, heads, hidden, False, 1e-12) for _ in range(layers))
+        self.pooler = nn.Linear(dim, dim)
+
+    def forward(self, input_ids, attention_mask):
+        n = input_ids.shape[1]
+        x = self.words(input_ids) + self.positions.weight[:n] + self.types.weight[0]
+        x = self.norm(x)
+        mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        for layer in self.layers:
+            x = layer(x, mask_bias)
+        return {"last_hidden_state": x, "pooler_output": torch.tanh(self.pooler(x[:, 0]))}
+
+
+class ViT(nn.Module):
+    """Vision Transformer ViT-B/16 (Dosovitskiy et al.): 16x16 patches and a class token.
+
+    Pre-norm encoder layers; the class token's final state is classified."""
+
+    def __init__(self, image=224, patch=16, dim=768, layers=12, heads=12, hidden=3072, num_classes=1000):
+        super().__init__()
+        self.patches = nn.Conv2d(3, dim, patch, stride=patch)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.positions = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim) * 0.02)
+        self.layers = nn.ModuleList(_EncoderLayer(dim, heads, hidden, True, 1e-6) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.patches(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.positions
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+#: name -> (constructor, input shape | {input name: (shape, dtype)})
 MODELS = {
     "demo-cnn": (DemoCNN, (1, 3, 32, 32)),
     "alexnet": (AlexNet, (1, 3, 224, 224)),
@@ -162,12 +244,15 @@ MODELS = {
     "resnet18": (ResNet18, (1, 3, 224, 224)),
     "resnet50": (ResNet50, (1, 3, 224, 224)),
     "mobilenetv2": (MobileNetV2, (1, 3, 224, 224)),
+    "bert-base": (Bert, {"input_ids": ((1, 128), "int64"), "attention_mask": ((1, 128), "int64")}),
+    "vit-base": (ViT, (1, 3, 224, 224)),
 }
 DEFAULT_MODEL = "demo-cnn"
 
 
-def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[int, ...]]:
-    """The zoo model ``name`` in eval mode with seeded random weights, and its input shape."""
+def build(name: str, seed: int = 0) -> tuple[nn.Module, "tuple[int, ...] | dict"]:
+    """The zoo model ``name`` in eval mode with seeded random weights, and its input shape (or its
+    named inputs' shapes and dtypes)."""
     ctor, shape = MODELS[name]
     torch.manual_seed(seed)
     model = ctor().eval()
