@@ -346,3 +346,62 @@ def test_a_tiny_transformers_bert_through_both_entry_points(tmp_path, monkeypatc
     ids, mask = o.example_inputs(seed=2)
     assert ids.max() < 99 and len(np.unique(ids)) > 4 and (mask == 1).all()
     assert C.check(C.build_untuned(o), o, [ids, mask]) < 1e-4
+
+
+# -- the zoo's transformers (issue 32, item 7) -----------------------------------------------------
+def _copy_hf_bert(ours, hf) -> None:
+    """Load a transformers BertModel's weights into the zoo's Bert (names mapped one by one)."""
+    sd = hf.state_dict()
+    new = {"words.weight": sd["embeddings.word_embeddings.weight"],
+           "positions.weight": sd["embeddings.position_embeddings.weight"],
+           "types.weight": sd["embeddings.token_type_embeddings.weight"],
+           "norm.weight": sd["embeddings.LayerNorm.weight"], "norm.bias": sd["embeddings.LayerNorm.bias"],
+           "pooler.weight": sd["pooler.dense.weight"], "pooler.bias": sd["pooler.dense.bias"]}
+    for i in range(len(ours.layers)):
+        hf_l, l = f"encoder.layer.{i}.", f"layers.{i}."
+        pairs = {"attn.qkv.0": "attention.self.query", "attn.qkv.1": "attention.self.key",
+                 "attn.qkv.2": "attention.self.value", "attn.out": "attention.output.dense",
+                 "norm1": "attention.output.LayerNorm", "mlp.0": "intermediate.dense", "mlp.2": "output.dense",
+                 "norm2": "output.LayerNorm"}
+        for mine, theirs in pairs.items():
+            for p in ("weight", "bias"):
+                new[f"{l}{mine}.{p}"] = sd[f"{hf_l}{theirs}.{p}"]
+    ours.load_state_dict(new)
+
+
+def test_the_zoo_bert_computes_what_transformers_bert_computes():
+    transformers = pytest.importorskip("transformers")
+    from adaptune import zoo
+    cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=37, max_position_embeddings=64)
+    torch.manual_seed(0)
+    hf = transformers.BertModel(cfg).eval()
+    ours = zoo.Bert(vocab=99, dim=32, layers=2, heads=2, hidden=37, max_len=64).eval()
+    _copy_hf_bert(ours, hf)
+    ids = torch.randint(0, 99, (1, 16))
+    mask = torch.ones(1, 16, dtype=torch.long)
+    mask[0, 11:] = 0                                  # padding: the mask must really be applied
+    with torch.no_grad():
+        want, got = hf(input_ids=ids, attention_mask=mask), ours(ids, mask)
+    torch.testing.assert_close(got["last_hidden_state"], want.last_hidden_state, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["pooler_output"], want.pooler_output, rtol=1e-5, atol=1e-5)
+
+
+def test_the_zoo_transformers_import_with_token_inputs_and_check():
+    from adaptune import zoo
+    m = load_model("bert-base")                       # no TVM build: 110 M weights
+    assert [(n, s, d) for n, s, d in m.inputs] == [("input_ids", (1, 128), "int64"),
+                                                    ("attention_mask", (1, 128), "int64")]
+    assert embedding_vocab(m.mod)["input_ids"] == 30522
+    ids, mask = m.example_inputs()
+    assert len(np.unique(ids)) > 100 and (mask == 1).all()
+    torch.manual_seed(0)
+    bert = zoo.Bert(vocab=50, dim=32, layers=2, heads=2, hidden=48, max_len=32)
+    small = load_model(bert, inputs=[InputSpec("input_ids", (1, 12), "int64"),
+                                     InputSpec("attention_mask", (1, 12), "int64")])
+    ids, mask = small.example_inputs(seed=3)
+    mask[0, 9:] = 0
+    assert C.check(C.build_untuned(small), small, [ids, mask]) < 1e-4
+    vit = load_model(zoo.ViT(image=32, patch=8, dim=32, layers=2, heads=2, hidden=48, num_classes=10),
+                     input_shape=(1, 3, 32, 32))
+    assert C.check(C.build_untuned(vit), vit) < 1e-4
