@@ -65,6 +65,19 @@ def test_the_check_runs_the_measured_binary(target, linked):
     assert checker.check(faults.wrong_kernel(DENSE.mod()))[0] is False      # no file: compiled here
 
 
+def test_non_finite_outputs_must_match_exactly():
+    """A NaN where the reference is finite (or the other way round) is a wrong kernel; the same
+    infinities (an attention mask times float32's minimum overflows on random inputs) are not."""
+    from adaptune.verify import _differs
+    want = np.array([1.0, -np.inf, np.nan, 2.0], dtype="float32")
+    assert not _differs(want.copy(), want, 1e-3)
+    assert _differs(np.array([1.0, -np.inf, np.nan, np.nan], dtype="float32"), want, 1e-3)
+    assert _differs(np.array([1.0, np.inf, np.nan, 2.0], dtype="float32"), want, 1e-3)
+    assert _differs(np.array([1.0, -np.inf, 0.0, 2.0], dtype="float32"), want, 1e-3)
+    assert _differs(np.array([1.5, -np.inf, np.nan, 2.0], dtype="float32"), want, 1e-3)
+    assert not _differs(np.array([1.0001, -np.inf, np.nan, 2.0], dtype="float32"), want, 1e-3)
+
+
 def test_a_fast_wrong_kernel_is_rejected_and_never_reaches_the_database(tmp_path, target):
     with faults.wrong_first_candidate(DENSE.mod()) as injected:
         res = tune_tir(DENSE.mod(), target, strategy="sa", trials=6, batch_size=3, work_dir=tmp_path, seed=2)

@@ -54,7 +54,25 @@ class KernelChecker:
             return None, "argument layout differs from the untuned kernel"
         got = self._run(mod, artifact)
         for i, (g, w) in enumerate(zip(got, self.reference())):
-            scale = max(float(np.abs(w).max()), 1e-6) if w.size else 1.0
-            if g.shape != w.shape or (w.size and float(np.abs(g.astype(np.float64) - w).max()) > self.rtol * scale):
+            if _differs(g, w, self.rtol):
                 return False, f"argument {i} differs from the untuned kernel's result"
         return True, ""
+
+
+def _differs(got: np.ndarray, want: np.ndarray, rtol: float) -> bool:
+    """Whether ``got`` is not ``want`` within ``rtol`` of its scale.  Non-finite values must match
+    exactly (random inputs can overflow a kernel, e.g. an attention mask times float32's minimum;
+    a NaN compared by size alone would pass anything)."""
+    if got.shape != want.shape:
+        return True
+    if not want.size:
+        return False
+    finite = np.isfinite(want)
+    if not np.array_equal(np.isfinite(got), finite) or \
+            not np.array_equal(got[~finite], want[~finite], equal_nan=True):
+        return True
+    if not finite.any():
+        return False
+    w = want[finite].astype(np.float64)
+    scale = max(float(np.abs(w).max()), 1e-6)
+    return float(np.abs(got[finite].astype(np.float64) - w).max()) > rtol * scale
