@@ -405,3 +405,19 @@ def test_the_zoo_transformers_import_with_token_inputs_and_check():
     vit = load_model(zoo.ViT(image=32, patch=8, dim=32, layers=2, heads=2, hidden=48, num_classes=10),
                      input_shape=(1, 3, 32, 32))
     assert C.check(C.build_untuned(vit), vit) < 1e-4
+
+
+def test_a_transformer_gelu_behind_a_reshape_joins_its_dense_layer_and_softmax_is_fast(target):
+    """PyTorch's 3-D Linear imports as reshape/matmul/add/reshape: ``graph.sink_reshapes`` moves
+    the GELU ahead of the reshape so oneDNN runs it as the dense call's post-op; ``graph.fuse``
+    gives the softmax TVM's fast form."""
+    from adaptune import library as L
+    from adaptune import zoo
+    from adaptune.graph import extract_tasks, optimise
+    torch.manual_seed(0)
+    m = load_model(zoo.Bert(vocab=50, dim=32, layers=1, heads=2, hidden=48, max_len=32),
+                   inputs=[InputSpec("input_ids", (1, 12), "int64"), InputSpec("attention_mask", (1, 12), "int64")])
+    ops = L.find_ops(optimise(m.mod))
+    assert [op.post for op in ops if op.weight == (48, 32)] == ["gelu"]
+    names = [t.name for t in extract_tasks(optimise(m.mod), target)[0]]
+    assert any("fast_softmax" in n for n in names) and not any("gelu" in n and "matmul" not in n for n in names)
