@@ -421,3 +421,10 @@ def test_a_transformer_gelu_behind_a_reshape_joins_its_dense_layer_and_softmax_i
     assert [op.post for op in ops if op.weight == (48, 32)] == ["gelu"]
     names = [t.name for t in extract_tasks(optimise(m.mod), target)[0]]
     assert any("fast_softmax" in n for n in names) and not any("gelu" in n and "matmul" not in n for n in names)
+    # attention's two batched matmuls of activations are library ops too (torch.bmm)
+    assert sorted(op.label for op in ops if op.kind == "bmm") == ["bmm 2x12x12 @ 2x12x16", "bmm 2x12x16 @ 2x16x12"]
+    from adaptune._tvm import ms
+    ex = C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops})
+    ids, mask = m.example_inputs(seed=3)
+    mask[0, 9:] = 0
+    assert C.check(ex, m, [ids, mask]) < 1e-4

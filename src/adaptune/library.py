@@ -6,7 +6,8 @@ NCHWc fusions): in the model's NHWC graph (``graph.optimise``) every convolution
 ``matmul (+bias) (+activation)`` with a constant weight can become ONE oneDNN call,
 ``torch.ops.mkldnn._convolution_pointwise`` (its ``.binary`` form for the residual) or
 ``_linear_pointwise``, whose weight is reordered to oneDNN's blocked layout once (at the first call,
-cached by the weight's content and the call's attributes) instead of on every call.  NHWC tensors
+cached by the weight's content and the call's attributes) instead of on every call.  A batched
+matmul of two activations (attention's ``q @ k^T`` and ``p @ v``) can become one ``torch.bmm``.  NHWC tensors
 are what oneDNN calls channels-last NCHW, so activations pass through DLPack with no copy.
 
 * ``find_ops``: the fusable chains of the NHWC graph, as ``LibraryOp`` signatures with call counts;
@@ -35,6 +36,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 CONV, CONV_ADD, LINEAR = "adaptune.onednn.conv2d", "adaptune.onednn.conv2d_add", "adaptune.onednn.linear"
+BMM = "adaptune.onednn.bmm"
 
 _CALLS: dict = {}           # (kind, digest of op, weight and bias) -> what the call needs besides x
 
@@ -104,6 +106,13 @@ def onednn_linear(x, w, b, post, key):
     return tvm.runtime.from_dlpack(torch.ops.mkldnn._linear_pointwise(tx, packed, tb, name, scalars, algorithm))
 
 
+@tvm_ffi.register_global_func(BMM, override=True)
+def torch_bmm(a, b):
+    """A batched matmul of two activations (attention's q @ k^T and p @ v): ``torch.bmm``, which
+    runs it on oneDNN or MKL as PyTorch chooses; both operands arrive through DLPack, no copy."""
+    return tvm.runtime.from_dlpack(torch.bmm(torch.from_dlpack(a), torch.from_dlpack(b)))
+
+
 def _shape(expr) -> tuple[int, ...]:
     return tuple(int(d) for d in expr.ty.shape)
 
@@ -111,9 +120,9 @@ def _shape(expr) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class LibraryOp:
     """One fusable chain's signature: kind, shapes, attributes and epilogue."""
-    kind: str                           # "conv2d" | "linear"
-    data: tuple[int, ...]               # conv2d: NHWC; linear: (..., in)
-    weight: tuple[int, ...]             # as the vendor op takes it: OIHW | (out, in)
+    kind: str                           # "conv2d" | "linear" | "bmm"
+    data: tuple[int, ...]               # conv2d: NHWC; linear: (..., in); bmm: (batch, m, k)
+    weight: tuple[int, ...]             # as the vendor op takes it: OIHW | (out, in); bmm: (batch, k, n)
     out: tuple[int, ...]
     attrs: tuple = ()                   # conv2d: (padding (h, w), strides, dilation, groups)
     residual: bool = False              # a residual tensor added before the post-op
@@ -126,13 +135,15 @@ class LibraryOp:
             pad, (sh, _), _, g = self.attrs
             return (f"conv2d {self.data[3]}->{self.weight[0]} {self.weight[2]}x{self.weight[3]} s{sh} p{pad[0]}"
                     f"{f' g{g}' if g > 1 else ''} @{self.data[1]}x{self.data[2]}{tail}")
+        if self.kind == "bmm":
+            return f"bmm {'x'.join(map(str, self.data))} @ {'x'.join(map(str, self.weight))}"
         return f"linear {'x'.join(map(str, self.data))} -> {self.weight[0]}{tail}"
 
     @property
     def flops(self) -> float:
         if self.kind == "conv2d":
             return 2.0 * np.prod(self.out) * np.prod(self.weight[1:])
-        return 2.0 * np.prod(self.out) * self.weight[1]
+        return 2.0 * np.prod(self.out) * self.weight[1]       # linear: in; bmm: k
 
     def time(self, *, repeat: int = 5) -> float:
         """Seconds per call of the fused library kernel, through the DLPack path the model uses."""
@@ -140,6 +151,8 @@ class LibraryOp:
         rng = np.random.default_rng(0)
         arrays = [rng.standard_normal(s).astype("float32") for s in (self.data, self.weight, (self.weight[0],), self.out)]
         x, w, b, other = (tvm.runtime.tensor(a) for a in arrays)
+        if self.kind == "bmm":
+            return time_callable(lambda: torch_bmm(x, w), repeat=repeat, min_repeat_ms=100)
         key = _digest(self, arrays[1], arrays[2])
         if self.kind == "linear":
             return time_callable(lambda: onednn_linear(x, w, b, self.post, key), repeat=repeat, min_repeat_ms=100)
@@ -167,7 +180,7 @@ UNARY = _unary_posts()
 class _Chain:
     """The matched pieces of one chain (the calls and constants ``offload`` rewrites)."""
     anchor: relax.Call                 # the conv2d / matmul
-    bias: relax.Constant | None
+    bias: "tvm.ir.expr.Constant | None"
     residual: relax.Expr | None
     post: list[relax.Call]             # the epilogue's unary calls, in order (two for a clip)
     op: LibraryOp
@@ -218,8 +231,14 @@ def _signature(anchor, bias, residual, post) -> LibraryOp | None:
         o, kh, kw, i = weight
         attrs = ((top, left), tuple(int(s) for s in a.strides), tuple(int(d) for d in a.dilation), int(a.groups))
         return LibraryOp("conv2d", data, (o, i, kh, kw), out, attrs, residual is not None, spec)
-    if anchor.op.name == "relax.matmul" and len(weight) == 2 and len(data) >= 2 and residual is None:
-        return LibraryOp("linear", data, (weight[1], weight[0]), out, (), False, spec)
+    if anchor.op.name != "relax.matmul" or residual is not None:
+        return None
+    if isinstance(anchor.args[1], tvm.ir.expr.Constant):
+        if len(weight) == 2 and len(data) >= 2:
+            return LibraryOp("linear", data, (weight[1], weight[0]), out, (), False, spec)
+        return None
+    if len(data) == len(weight) == 3 and data[0] == weight[0] and bias is None and not post:
+        return LibraryOp("bmm", data, weight, out)
     return None
 
 
@@ -245,6 +264,7 @@ def _patterns():
                                         res_add=radd if res_side is not None else None,
                                         post=has_post, clip_max=clip_max)))
         out.append((is_op(anchor_op)(wildcard(), is_const()), None))
+    out.append((is_op("relax.matmul")(wildcard(), wildcard()), None))       # two activations: bmm
     return [(p, parts or dict(anchor=p, bias=None, bias_add=None, residual=None, res_add=None, post=False,
                               clip_max=None)) for p, parts in out]
 
@@ -343,6 +363,8 @@ def _weight_bias(chain: _Chain) -> tuple[np.ndarray, np.ndarray]:
 
 def _packed_call(chain: _Chain) -> relax.Call:
     op = chain.op
+    if op.kind == "bmm":
+        return relax.call_pure_packed(BMM, *chain.anchor.args, ty_args=chain.anchor.ty)
     w, b = _weight_bias(chain)
     consts = [relax.const(w), relax.const(np.ascontiguousarray(b))]
     tail = [relax.expr.String(op.post), relax.prim_value(_digest(op, w, b))]
@@ -390,11 +412,15 @@ def chain_modules(optimised) -> dict[LibraryOp, "tvm.IRModule"]:
         if chain.op in mods:
             return _packed_call(chain)
         params = [relax.Var("x", chain.anchor.args[0].ty)]
+        rhs = chain.anchor.args[1]
+        if not isinstance(rhs, tvm.ir.expr.Constant):               # bmm: the second operand is an input too
+            rhs = relax.Var("y", rhs.ty)
+            params.append(rhs)
         bb = relax.BlockBuilder()
         res = relax.Var("r", chain.residual.ty) if chain.residual is not None else None
         with bb.function("main", params + ([res] if res is not None else [])):
             with bb.dataflow():
-                y = bb.emit(relax.Call(chain.anchor.op, [params[0], chain.anchor.args[1]], chain.anchor.attrs,
+                y = bb.emit(relax.Call(chain.anchor.op, [params[0], rhs], chain.anchor.attrs,
                                        chain.anchor.ty_args))
                 if chain.bias is not None:
                     y = bb.emit(relax.op.add(*((chain.bias, y) if chain.swapped[0] else (y, chain.bias))))
