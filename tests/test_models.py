@@ -149,6 +149,21 @@ def test_malformed_unsupported_and_mismatched_onnx(tmp_path):
 
 
 # -- graph passes and tasks ------------------------------------------------------------------------
+def test_a_graph_convertlayout_rejects_stays_nchw_with_one_warning(monkeypatch, capsys):
+    """The ``except tvm.error.InternalError`` around ConvertLayout is exercised (a wrong exception
+    name there would turn TVM's refusal into a crash)."""
+    from tvm import relax
+    m = load_model("demo-cnn")
+
+    def refuse(_mod):
+        raise tvm.error.InternalError("ConvertLayout: no layout inference for topk")
+    monkeypatch.setattr(relax.transform, "ConvertLayout", lambda *_a: refuse)
+    out = optimise(m.mod)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stays NCHW" in err[0] and "topk" in err[0]
+    assert "permute_dims" not in op_counts(out) and C.check(C.build_untuned(m), m) < 1e-4
+
+
 def test_graph_passes_fold_batchnorm_and_tasks_carry_weights(target):
     m = load_model("resnet18")
     opt = optimise(m.mod)
