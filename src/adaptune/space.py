@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ._tvm import ms, s_tir, tvm
+from ._tvm import load_cuda_intrinsics, ms, s_tir, tvm
 
 SPACE, TILE, CATEGORICAL, LOCATION = "space", "tile", "categorical", "location"
 
@@ -161,6 +161,8 @@ class KnobSpace:
         self.target = target
         self.seed = seed
         if design_spaces is None or postprocs is None:
+            if target.kind.name == "cuda":
+                load_cuda_intrinsics()      # MetaSchedule's default CUDA rules look them up
             ctx = ms.TuneContext(mod=self.mod, target=target,
                                  space_generator=ms.space_generator.PostOrderApply(),
                                  task_name="main", rand_state=max(seed, 1), num_threads=num_threads)
