@@ -1,0 +1,108 @@
+"""The CUDA target: what runs without a GPU (targets, design spaces, decoding, building with TVM's
+CUDA codegen, the CLI's refusal) and, where a GPU is visible, a tuned kernel checked against numpy."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from adaptune.target import TargetError, device_type, gpu_visible, parse_target
+
+GPU = gpu_visible()
+needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA GPU visible to TVM (tvm.cuda(0).exist is False)")
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return parse_target("cuda")
+
+
+@pytest.fixture(scope="module")
+def dense_space(cuda):
+    from adaptune.space import KnobSpace
+    from adaptune.workloads import get_workload
+    return KnobSpace(get_workload("tiny-dense").mod(), cuda, seed=1)
+
+
+def test_cuda_targets_carry_what_metaschedule_gpu_rules_need(cuda):
+    assert cuda.kind.name == "cuda" and device_type(cuda) == "cuda"
+    for key in ("max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size"):
+        assert int(cuda.attrs[key]) > 0, key
+    assert str(cuda.attrs["arch"]).startswith("sm_")
+    if not GPU:
+        assert str(cuda.attrs["arch"]) == "sm_90"
+    a100 = parse_target({"kind": "cuda", "arch": "sm_80"})
+    assert str(a100.attrs["arch"]) == "sm_80" and int(a100.attrs["max_threads_per_block"]) == 1024
+    same = parse_target('{"kind": "cuda", "arch": "sm_80", "max_shared_memory_per_block": 32768}')
+    assert int(same.attrs["max_shared_memory_per_block"]) == 32768
+    with pytest.raises(TargetError, match="arch"):
+        parse_target({"kind": "cuda", "arch": 80})
+
+
+def test_gpu_design_spaces_decode_pass_gpu_postprocs_and_build(dense_space, cuda):
+    from adaptune._tvm import ms
+    from adaptune.measure import WarmBuilder
+    names = {type(p).__name__ for p in dense_space.postprocs}
+    assert {"VerifyGPUCode", "RewriteCooperativeFetch", "RewriteUnboundBlock"} <= names
+    decoded = dense_space.decode_many(dense_space.random(200, np.random.default_rng(0)))
+    valid = [(sch, canon) for sch, reason, canon in decoded if sch is not None]
+    assert 3 <= len(valid) < len(decoded)           # VerifyGPUCode rejects some, not all
+    for sch, canon in valid[:3]:
+        script = sch.mod.script()
+        assert "threadIdx.x" in script and "blockIdx.x" in script and 'scope="shared"' in script
+        assert (dense_space.encode(sch.trace) == canon).all()
+    builder = WarmBuilder(max_workers=2, linked=True)
+    try:
+        built = builder.build([ms.builder.BuilderInput(sch.mod, cuda) for sch, _ in valid[:3]])
+    finally:
+        builder.close()
+    assert [b.error_msg for b in built] == [None] * 3
+    from adaptune._tvm import tvm
+    cuda_src = tvm.tirx.build(valid[0][0].mod, target=cuda).imports[0]
+    assert cuda_src.kind == "cuda" and "__global__" in cuda_src.inspect_source()
+
+
+def test_short_gpu_batches_are_topped_up_not_taken_for_exhaustion():
+    # on a conv layer ~1-2% of uniform configs pass VerifyGPUCode
+    from adaptune.space import KnobSpace
+    from adaptune.strategies import make_strategy
+    from adaptune.tuner import TuneState
+    from adaptune.workloads import get_workload
+    state = TuneState(KnobSpace(get_workload("tiny-conv").mod(), parse_target("cuda"), seed=1), seed=0)
+    strategy = make_strategy("random")
+    strategy.setup(state)
+    batch = state.prepare(strategy, 4)
+    assert len(batch) >= 1 and all(sch is not None for _, sch in batch)
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is visible here: the no-GPU refusal cannot be seen")
+@pytest.mark.parametrize("args", [["tune-op", "tiny-dense", "--target", "cuda"],
+                                  ["tune-op", "L8", "--target", '{"kind": "cuda", "arch": "sm_80"}'],
+                                  ["bench", "demo-cnn", "--target", "cuda"]])
+def test_cli_without_a_gpu_says_so_in_one_line_exit_2(tmp_path, args):
+    out = subprocess.run([sys.executable, "-m", "adaptune.cli", *args], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "needs an NVIDIA GPU" in lines[0], out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-conv"])
+def test_tuned_cuda_kernel_matches_numpy(tmp_path, cuda, name):
+    from adaptune.cli import check_numerics
+    from adaptune.tuner import tune_tir
+    from adaptune.workloads import get_workload
+    wl = get_workload(name)
+    res = tune_tir(wl.mod(), cuda, strategy="chameleon", trials=8, work_dir=tmp_path / "wd", label=name)
+    assert res.best_latency is not None and res.best_latency > 0, res.last_error
+    assert "wrong" not in res.failures
+    ok, err = check_numerics(wl, res.best_schedule, cuda)
+    print(f"{name}: {tvm_device_name()} best {res.best_latency * 1e6:.1f} us after {res.trials} trials, "
+          f"max rel. error vs numpy {err:.2e}")
+    assert ok, err
+
+
+def tvm_device_name() -> str:
+    from adaptune._tvm import tvm
+    return str(tvm.cuda(0).device_name)
