@@ -1,5 +1,6 @@
 """The CUDA target: what runs without a GPU (targets, design spaces, decoding, building with TVM's
 CUDA codegen, the CLI's refusal) and, where a GPU is visible, a tuned kernel checked against numpy."""
+import shutil
 import subprocess
 import sys
 
@@ -57,9 +58,22 @@ def test_gpu_design_spaces_decode_pass_gpu_postprocs_and_build(dense_space, cuda
     finally:
         builder.close()
     assert [b.error_msg for b in built] == [None] * 3
+
+
+def test_generated_cuda_code_compiles_with_nvcc(dense_space, cuda):
+    """Without a GPU, TVM's wheel keeps the CUDA module as source (it compiles it with NVRTC when
+    its CUDA runtime loads, i.e. where a driver is); nvcc checks that source here."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
     from adaptune._tvm import tvm
-    cuda_src = tvm.tirx.build(valid[0][0].mod, target=cuda).imports[0]
-    assert cuda_src.kind == "cuda" and "__global__" in cuda_src.inspect_source()
+    from tvm.support import nvcc
+    decoded = dense_space.decode_many(dense_space.random(200, np.random.default_rng(0)))
+    for sch in [sch for sch, _, _ in decoded if sch is not None][:2]:
+        kernel = tvm.tirx.build(sch.mod, target=cuda).imports[0]
+        assert kernel.kind == "cuda" and "__global__" in kernel.inspect_source()
+        with cuda:
+            fatbin = nvcc.compile_cuda(kernel.inspect_source(), target_format="fatbin", compiler="nvcc")
+        assert len(fatbin) > 1000
 
 
 def test_short_gpu_batches_are_topped_up_not_taken_for_exhaustion():
@@ -76,8 +90,7 @@ def test_short_gpu_batches_are_topped_up_not_taken_for_exhaustion():
 
 
 @pytest.mark.skipif(GPU, reason="a GPU is visible here: the no-GPU refusal cannot be seen")
-@pytest.mark.parametrize("args", [["tune-op", "tiny-dense", "--target", "cuda"],
-                                  ["tune-op", "L8", "--target", '{"kind": "cuda", "arch": "sm_80"}'],
+@pytest.mark.parametrize("args", [["tune-op", "L8", "--target", '{"kind": "cuda", "arch": "sm_80"}'],
                                   ["bench", "demo-cnn", "--target", "cuda"]])
 def test_cli_without_a_gpu_says_so_in_one_line_exit_2(tmp_path, args):
     out = subprocess.run([sys.executable, "-m", "adaptune.cli", *args], capture_output=True, text=True,
@@ -106,3 +119,19 @@ def test_tuned_cuda_kernel_matches_numpy(tmp_path, cuda, name):
 def tvm_device_name() -> str:
     from adaptune._tvm import tvm
     return str(tvm.cuda(0).device_name)
+
+
+def test_only_tensor_core_workloads_pay_for_the_cuda_intrinsics(monkeypatch, cuda):
+    from tvm import te, topi
+
+    from adaptune import space
+    from adaptune._tvm import tvm
+    from adaptune.workloads import get_workload
+    loaded = []
+    monkeypatch.setattr(space, "load_cuda_intrinsics", lambda: loaded.append(1))
+    space.space_generator(get_workload("tiny-dense").mod(), cuda)
+    assert loaded == []
+    a, b = te.placeholder((64, 64), "float16", name="A"), te.placeholder((64, 64), "float16", name="B")
+    fp16 = tvm.IRModule({"main": te.create_prim_func([a, b, topi.nn.dense(a, b, out_dtype="float32")])})
+    space.space_generator(fp16, cuda)
+    assert loaded == [1]

@@ -152,6 +152,24 @@ def as_module(mod) -> "tvm.IRModule":
     return mod
 
 
+TENSOR_CORE_DTYPES = ("float16", "bfloat16", "int8", "uint8", "float8")
+
+
+def space_generator(mod, target) -> "ms.space_generator.PostOrderApply":
+    """MetaSchedule's default space generator for ``target``.  On CUDA its default adds the
+    tensor-core rules, which apply only to float16/bfloat16/int8/float8 operands and need TVM's
+    CUDA tensor intrinsics registered (10-25 s per process); for a workload without such operands
+    its plain CUDA rules give the very same design spaces (checked on L1, L8 and a dense), so
+    only a tensor-core workload pays for the intrinsics."""
+    if target.kind.name != "cuda":
+        return ms.space_generator.PostOrderApply()
+    dtypes = {str(a.dtype) for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])}
+    if any(d.startswith(TENSOR_CORE_DTYPES) for d in dtypes):
+        load_cuda_intrinsics()
+        return ms.space_generator.PostOrderApply()
+    return ms.space_generator.PostOrderApply(sch_rules="cuda", postprocs="cuda", mutator_probs="cuda")
+
+
 class KnobSpace:
     """The union of a workload's MetaSchedule design spaces as integer knob vectors."""
 
@@ -161,10 +179,7 @@ class KnobSpace:
         self.target = target
         self.seed = seed
         if design_spaces is None or postprocs is None:
-            if target.kind.name == "cuda":
-                load_cuda_intrinsics()      # MetaSchedule's default CUDA rules look them up
-            ctx = ms.TuneContext(mod=self.mod, target=target,
-                                 space_generator=ms.space_generator.PostOrderApply(),
+            ctx = ms.TuneContext(mod=self.mod, target=target, space_generator=space_generator(self.mod, target),
                                  task_name="main", rand_state=max(seed, 1), num_threads=num_threads)
             design_spaces = design_spaces or ctx.generate_design_space()
             postprocs = postprocs or ctx.space_generator.postprocs
