@@ -76,17 +76,41 @@ def test_generated_cuda_code_compiles_with_nvcc(dense_space, cuda):
         assert len(fatbin) > 1000
 
 
-def test_short_gpu_batches_are_topped_up_not_taken_for_exhaustion():
-    # on a conv layer ~1-2% of uniform configs pass VerifyGPUCode
+@pytest.fixture(scope="module")
+def l8_space(cuda):
     from adaptune.space import KnobSpace
-    from adaptune.strategies import make_strategy
-    from adaptune.tuner import TuneState
     from adaptune.workloads import get_workload
-    state = TuneState(KnobSpace(get_workload("tiny-conv").mod(), parse_target("cuda"), seed=1), seed=0)
-    strategy = make_strategy("random")
+    return KnobSpace(get_workload("L8").mod(), cuda, seed=1)
+
+
+def test_thread_limits_read_off_the_trace_filter_random_configs(l8_space):
+    # every design space of L8 binds the fused third tile level of its 4 spatial loops to threadIdx.x
+    for bounds in l8_space._bounds:
+        assert [(lo, hi, [level for _, level in parts]) for lo, hi, parts in bounds] == [(32, 1024, [2, 2, 2, 2])]
+    rng = np.random.default_rng(0)
+    uniform = l8_space.canonical((rng.random((300, l8_space.ndim)) * l8_space.sizes).astype(np.int64))
+    ok = np.array([sch is not None for sch, _, _ in l8_space.decode_many(uniform)])
+    assert not ok[~l8_space.plausible(uniform)].any()          # a necessary condition
+    drawn = l8_space.random(150, rng)
+    assert l8_space.plausible(drawn).all()
+    valid = sum(sch is not None for sch, _, _ in l8_space.decode_many(drawn))
+    assert valid >= 8 and valid / 150 > 2 * ok.mean()           # ~14% against ~2.7% uniform
+
+
+def test_short_gpu_batches_are_topped_up_not_taken_for_exhaustion(l8_space):
+    """A strategy whose proposals all fail VerifyGPUCode still gets a full batch of valid configs."""
+    from adaptune.strategies.base import Strategy
+    from adaptune.tuner import TuneState
+
+    class Hopeless(Strategy):
+        def propose(self, n):
+            return np.zeros((n, self.state.space.ndim), dtype=np.int64)   # 1 thread per block
+
+    state = TuneState(l8_space, seed=0)
+    strategy = Hopeless()
     strategy.setup(state)
-    batch = state.prepare(strategy, 4)
-    assert len(batch) >= 1 and all(sch is not None for _, sch in batch)
+    batch = state.prepare(strategy, 8)
+    assert len(batch) == 8 and all(sch is not None for _, sch in batch)
 
 
 @pytest.mark.skipif(GPU, reason="a GPU is visible here: the no-GPU refusal cannot be seen")

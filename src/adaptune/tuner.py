@@ -48,9 +48,11 @@ class TuneState:
 
     def unmeasured(self, configs: np.ndarray, *, index: bool = False):
         """Rows of ``configs`` (canonicalised, deduplicated, first-seen order) not measured or
-        invalid; with ``index``, also the positions in ``configs`` they were taken from."""
+        invalid, nor outside a GPU's thread limits (``KnobSpace.plausible``); with ``index``, also
+        the positions in ``configs`` they were taken from."""
         canon = self.space.canonical(configs)
         keep = first_rows(canon)
+        keep = keep[self.space.plausible(canon[keep])]
         seen = self.measured_keys()
         if seen and len(keep):
             keep = keep[~np.isin(row_keys(canon[keep]), row_keys(np.array(list(seen), dtype=np.int64)))]
