@@ -11,11 +11,13 @@
 #                                                    # (fills REPO/.gpu, ignored via .git/info/exclude)
 #   run 1:  carry [".gpu/w1", ".gpu/code"]  command: bash .gpu/code/bench/gpu_machine.sh stage1
 #   run 2:  at once, carry [".gpu/w2", ".gpu/code"]
-#           command: bash .gpu/code/bench/gpu_machine.sh stage2 [TRIALS]
+#           command: bash .gpu/code/bench/gpu_machine.sh stage2 [STEP ...]
 #
-# stage2 installs the wheels into /tmp/site, prints the GPU, runs tests/test_cuda.py (its GPU tests
-# run there instead of skipping), a short `adaptune tune-op L8 --target cuda` and a short
-# `bench/paper.py --target cuda` (rl+as against MetaSchedule on L8); logs go to $OUT.
+# stage2 installs the wheels into /tmp/site, prints the GPU and checks that TVM compiles CUDA there,
+# then runs the STEPs (default: all three, about 6 minutes on an H100 machine): `tests` =
+# tests/test_cuda.py (its GPU tests run there instead of skipping), `tune-op` = `adaptune tune-op
+# L8 --target cuda --trials 16`, `paper` = `bench/paper.py --target cuda --layers L8 --trials 32
+# --strategies rl+as` (against MetaSchedule); logs go to $OUT.
 set -euo pipefail
 
 TVM=apache-tvm==0.27.0.post1
@@ -52,7 +54,8 @@ stage1)   # there, call 1: keep part 1 and the small wheels outside the repo
     ls -la "$STASH"
     ;;
 stage2)   # there, call 2 (within ~30 s of call 1)
-    trials=${2:-16}
+    shift
+    steps=${*:-tests tune-op paper}
     out=${OUT:-/tmp}
     cp .gpu/w2/* "$STASH/"
     name=$(cat "$STASH/tvm.name")
@@ -67,17 +70,23 @@ stage2)   # there, call 2 (within ~30 s of call 1)
     python3 -c "$probe" || { export TVM_CUDA_COMPILE_MODE=nvcc; echo "NVRTC failed: TVM_CUDA_COMPILE_MODE=nvcc"; python3 -c "$probe"; }
     cd .gpu/code
     set +e
-    timeout 180 python3 -m pytest -q -rs -s tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
-    echo "pytest exit: ${PIPESTATUS[0]}"
-    timeout 90 python3 -m adaptune.cli tune-op L8 --target cuda --trials "$trials" --work-dir /tmp/l8-cuda \
-        2>&1 | tee "$out/tune_op_l8.log"
-    echo "tune-op exit: ${PIPESTATUS[0]}"
-    timeout 180 python3 bench/paper.py --target cuda --layers L8 --trials 32 --strategies rl+as --out /tmp/paper \
-        2>&1 | tee "$out/paper_l8.log"
-    echo "paper.py exit: ${PIPESTATUS[0]}"
+    if [[ " $steps " = *" tests "* ]]; then
+        timeout 180 python3 -m pytest -q -rs -s tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
+        echo "pytest exit: ${PIPESTATUS[0]}"
+    fi
+    if [[ " $steps " = *" tune-op "* ]]; then
+        timeout 90 python3 -m adaptune.cli tune-op L8 --target cuda --trials 16 --work-dir /tmp/l8-cuda \
+            2>&1 | tee "$out/tune_op_l8.log"
+        echo "tune-op exit: ${PIPESTATUS[0]}"
+    fi
+    if [[ " $steps " = *" paper "* ]]; then
+        timeout 180 python3 bench/paper.py --target cuda --layers L8 --trials 32 --strategies rl+as --out /tmp/paper \
+            2>&1 | tee "$out/paper_l8.log"
+        echo "paper.py exit: ${PIPESTATUS[0]}"
+    fi
     ;;
 *)
-    sed -n '2,18p' "$0"
+    sed -n '2,/^set /{/^set /d;p}' "$0"
     exit 2
     ;;
 esac
