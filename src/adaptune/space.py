@@ -200,6 +200,7 @@ class KnobSpace:
             for _, k in pairs:
                 self.active[s, k] = True
         self._bounds = [self._thread_bounds(s) for s in range(len(self.traces))]
+        self._tables: dict[tuple[int, int], np.ndarray] = {}
 
     # -- construction -------------------------------------------------------------------------------
     def _build_knobs(self) -> None:
@@ -285,6 +286,12 @@ class KnobSpace:
                 limits["threadIdx.x"][side] = int(inst.inputs[1])
         return [(*limits[axis], parts) for axis, parts in bound]
 
+    def _level_table(self, k: int, level: int) -> np.ndarray:
+        """Tile knob ``k``'s factor at ``level`` for each of its values (cached)."""
+        if (k, level) not in self._tables:
+            self._tables[k, level] = np.asarray([v[level] for v in self.knobs[k].values], dtype=np.float64)
+        return self._tables[k, level]
+
     def plausible(self, configs: np.ndarray) -> np.ndarray:
         """Per row, whether its thread-block extent is within the bounds of ``_thread_bounds``: a
         necessary condition of passing the GPU postprocessors (no config outside them decoded in
@@ -298,7 +305,7 @@ class KnobSpace:
             for low, high, parts in bounds:
                 extent = np.ones(int(rows.sum()))
                 for k, level in parts:
-                    extent *= np.asarray([v[level] for v in self.knobs[k].values], dtype=np.float64)[configs[rows, k]]
+                    extent *= self._level_table(k, level)[configs[rows, k]]
                 ok[rows] &= (low <= extent) & (extent <= high)
         return ok
 
@@ -320,13 +327,14 @@ class KnobSpace:
         configs = self.canonical((rng.random((n, self.ndim)) * self.sizes).astype(np.int64))
         if not any(self._bounds):
             return configs
-        keep = [configs[self.plausible(configs)]]
+        ok = self.plausible(configs)
+        keep = [configs[ok]]
         for _ in range(rounds):
             if sum(map(len, keep)) >= n:
                 break
             more = self.canonical((rng.random((8 * n, self.ndim)) * self.sizes).astype(np.int64))
             keep.append(more[self.plausible(more)])
-        return np.concatenate(keep + [configs])[:n]
+        return np.concatenate(keep + [configs[~ok]])[:n]
 
     def sample_prior(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` configs drawn the way MetaSchedule draws its initial population: each design space
