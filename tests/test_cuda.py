@@ -36,8 +36,10 @@ def test_cuda_targets_carry_what_metaschedule_gpu_rules_need(cuda):
     assert str(a100.attrs["arch"]) == "sm_80" and int(a100.attrs["max_threads_per_block"]) == 1024
     same = parse_target('{"kind": "cuda", "arch": "sm_80", "max_shared_memory_per_block": 32768}')
     assert int(same.attrs["max_shared_memory_per_block"]) == 32768
-    with pytest.raises(TargetError, match="arch"):
-        parse_target({"kind": "cuda", "arch": 80})
+    for arch in (80, "sm_xx", "ampere"):
+        with pytest.raises(TargetError, match="arch"):
+            parse_target({"kind": "cuda", "arch": arch})
+    assert str(parse_target({"kind": "cuda", "arch": "sm_90a"}).attrs["arch"]) == "sm_90a"
 
 
 def test_gpu_design_spaces_decode_pass_gpu_postprocs_and_build(dense_space, cuda):

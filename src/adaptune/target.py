@@ -9,6 +9,7 @@ so a CUDA target gets them, and its ``arch``, from the visible GPU, or Hopper's 
 from __future__ import annotations
 
 import json
+import re
 
 import psutil
 
@@ -77,6 +78,9 @@ def parse_target(spec: "str | dict | tvm.target.Target | None") -> "tvm.target.T
         spec.setdefault("num-cores", psutil.cpu_count(logical=False) or 1)
     elif spec.get("kind") == "cuda":
         spec = {**cuda_defaults(), **spec}
+        if not re.fullmatch(r"sm_\d+[a-z]?", str(spec["arch"])):
+            raise TargetError(f"bad target {json.dumps(given)}: arch must name a compute capability such as sm_90, "
+                              f"got {spec['arch']!r}")
     try:
         return tvm.target.Target(spec)
     except Exception as e:  # TVM raises several error types for a bad target
