@@ -126,6 +126,17 @@ def test_cli_without_a_gpu_says_so_in_one_line_exit_2(tmp_path, args):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_cli_with_rpc_needs_no_local_gpu(tmp_path, capsys):
+    """With --rpc the kernels run remotely: no local-GPU refusal, the tracker is asked instead."""
+    from adaptune import faults
+    from adaptune.cli import main
+    with faults.local_rpc_farm("adaptune-cuda-test") as (device, _):
+        code = main(["tune-op", "tiny-dense", "--target", "cuda", "--work-dir", str(tmp_path / "wd"),
+                     "--rpc", f"127.0.0.1:{device.port}", "--device-key", "no-gpu-here"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no RPC server with key 'no-gpu-here'" in err[0], err
+
+
 @needs_gpu
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-conv"])
 def test_tuned_cuda_kernel_matches_numpy(tmp_path, cuda, name):
