@@ -3,6 +3,7 @@ CUDA codegen, the CLI's refusal) and, where a GPU is visible, a tuned kernel che
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -135,6 +136,16 @@ def test_cli_with_rpc_needs_no_local_gpu(tmp_path, capsys):
                      "--rpc", f"127.0.0.1:{device.port}", "--device-key", "no-gpu-here"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "no RPC server with key 'no-gpu-here'" in err[0], err
+
+
+def test_cli_with_an_unreachable_tracker_says_so_at_once(tmp_path):
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "adaptune.cli", "tune-op", "tiny-dense", "--target", "cuda",
+                          "--rpc", "127.0.0.1:9", "--device-key", "gpu"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "cannot reach the RPC tracker" in lines[0], out.stderr
+    assert time.monotonic() - t0 < 30 and list(tmp_path.iterdir()) == []
 
 
 @needs_gpu

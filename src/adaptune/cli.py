@@ -73,6 +73,18 @@ def stopped_message(e: Exception, work_dir) -> str:
     return f"tuning stopped: {why}; records measured so far are kept in {work_dir}, continue with --resume"
 
 
+def _probe(rpc) -> None:
+    """Fail at once, in one line, if nothing listens at the tracker's address (TVM's own connect
+    retries for 60 s and logs a warning every 5 s)."""
+    import socket
+
+    from .measure import RPCError
+    try:
+        socket.create_connection((rpc.host, rpc.port), timeout=3).close()
+    except OSError as e:
+        raise RPCError(f"cannot reach the RPC tracker at {rpc.host}:{rpc.port} ({type(e).__name__})") from None
+
+
 def make_measurer(args, target):
     """The Measurer the arguments ask for; remote devices are checked before any work starts."""
     from .measure import Measurer, RPCDevice, RPCError
@@ -82,6 +94,7 @@ def make_measurer(args, target):
     if args.rpc or args.device_key:
         try:
             rpc = RPCDevice.parse(args.rpc or "", args.device_key or "", session_timeout=int(args.timeout) + 30)
+            _probe(rpc)
             rpc.check(wait=3.0)
         except RPCError as e:
             raise UsageError(str(e)) from None
