@@ -3,8 +3,9 @@
 The first MetaSchedule ``TuneContext`` imports ``tvm.s_tir.tensor_intrin``, which spends 10-20 s
 registering CUDA/ROCm/Hexagon tensor intrinsics that CPU tuning never uses.  Unless
 ``ADAPTUNE_FULL_INTRIN=1`` is set, we register empty stand-ins for those three sub-modules before
-TVM is imported; ``load_cuda_intrinsics`` swaps the real CUDA one in when a CUDA target is used
-(MetaSchedule's default CUDA rules look up its tensor-core intrinsics by name).
+TVM is imported, and every ``TuneContext`` whose CUDA target takes MetaSchedule's default rules
+(their tensor-core rules look the intrinsics up by name) swaps the real CUDA one in first, so
+stock MetaSchedule tuning for CUDA works in a process that imported adaptune.
 """
 import importlib
 import os
@@ -35,4 +36,24 @@ def load_cuda_intrinsics() -> None:
     parent.cuda = importlib.import_module(name)
 
 
-__all__ = ["tvm", "s_tir", "ms", "load_cuda_intrinsics"]
+def needs_cuda_intrinsics(target, space_generator) -> bool:
+    """Whether a ``TuneContext`` for ``target`` with ``space_generator`` takes MetaSchedule's
+    default CUDA rules (none given, a name, or rules "from-target"), which need the intrinsics."""
+    if target is None:
+        return False
+    kind = (target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)).kind.name
+    return kind == "cuda" and getattr(space_generator, "sch_rules", None) is None
+
+
+if getattr(sys.modules.get("tvm.s_tir.tensor_intrin.cuda"), _STUB, False):
+    _tune_context_init = ms.TuneContext.__init__
+
+    def _init_with_cuda_intrinsics(self, mod=None, *, target=None, space_generator=None, **kwargs):
+        if needs_cuda_intrinsics(target, space_generator):
+            load_cuda_intrinsics()
+        _tune_context_init(self, mod, target=target, space_generator=space_generator, **kwargs)
+
+    ms.TuneContext.__init__ = _init_with_cuda_intrinsics
+
+
+__all__ = ["tvm", "s_tir", "ms", "load_cuda_intrinsics", "needs_cuda_intrinsics"]

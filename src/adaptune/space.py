@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ._tvm import load_cuda_intrinsics, ms, s_tir, tvm
+from ._tvm import ms, s_tir, tvm
 
 SPACE, TILE, CATEGORICAL, LOCATION = "space", "tile", "categorical", "location"
 
@@ -158,14 +158,11 @@ TENSOR_CORE_DTYPES = ("float16", "bfloat16", "int8", "uint8", "float8")
 def space_generator(mod, target) -> "ms.space_generator.PostOrderApply":
     """MetaSchedule's default space generator for ``target``.  On CUDA its default adds the
     tensor-core rules, which apply only to float16/bfloat16/int8/float8 operands and need TVM's
-    CUDA tensor intrinsics registered (10-25 s per process); for a workload without such operands
-    its plain CUDA rules give the very same design spaces (checked on L1, L8 and a dense), so
-    only a tensor-core workload pays for the intrinsics."""
-    if target.kind.name != "cuda":
-        return ms.space_generator.PostOrderApply()
+    CUDA tensor intrinsics registered (10-25 s per process, see ``_tvm``); for a workload without
+    such operands its plain CUDA rules give the very same design spaces (checked on L1, L8 and a
+    dense), so only a tensor-core workload pays for the intrinsics."""
     dtypes = {str(a.dtype) for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])}
-    if any(d.startswith(TENSOR_CORE_DTYPES) for d in dtypes):
-        load_cuda_intrinsics()
+    if target.kind.name != "cuda" or any(d.startswith(TENSOR_CORE_DTYPES) for d in dtypes):
         return ms.space_generator.PostOrderApply()
     return ms.space_generator.PostOrderApply(sch_rules="cuda", postprocs="cuda", mutator_probs="cuda")
 
