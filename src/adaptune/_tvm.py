@@ -26,7 +26,7 @@ from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 
 def load_cuda_intrinsics() -> None:
-    """Register TVM's CUDA tensor intrinsics (wmma, mma, ldmatrix; ~5-10 s once per process) if
+    """Register TVM's CUDA tensor intrinsics (wmma, mma, ldmatrix; 10-25 s once per process) if
     the stand-in is in their place; a no-op otherwise."""
     name = "tvm.s_tir.tensor_intrin.cuda"
     if not getattr(sys.modules.get(name), _STUB, False):

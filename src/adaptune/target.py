@@ -72,7 +72,7 @@ def parse_target(spec: "str | dict | tvm.target.Target | None") -> "tvm.target.T
             spec = {"kind": spec}
     if not isinstance(spec, dict):
         raise TargetError(f"bad target {spec!r}")
-    spec = given = dict(spec)
+    given, spec = dict(spec), dict(spec)
     if spec.get("kind") == "llvm":
         spec.setdefault("mcpu", tvm.target.codegen.llvm_get_system_cpu())
         spec.setdefault("num-cores", psutil.cpu_count(logical=False) or 1)
