@@ -7,6 +7,7 @@ on the paper's layers L1-L8, same budget, same build function and runner, one ru
     python bench/paper.py --strategies rl+as --layers L2 L6   # a subset; ms-evolutionary always runs
     python bench/paper.py --strategies rl+as --seeds 3        # everything three times (seeds 0, 1, 2)
     python bench/paper.py --target '{"kind": "llvm", "mcpu": "haswell"}'   # AVX2 code on this host
+    python bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128  # the visible NVIDIA GPU
 
 Writes one PNG per layer (best GFLOPS against measurements and against wall time, like the paper's
 Fig. 9/12-14) to --out, and prints: per strategy and layer, measurements and wall time to reach
@@ -31,7 +32,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from common import geomean, run_adaptune, run_ms_evolutionary  # noqa: E402
 
-from adaptune.target import parse_target  # noqa: E402
+from adaptune._tvm import tvm  # noqa: E402
+from adaptune.target import TargetError, check_runnable, is_cuda, parse_target  # noqa: E402
 from adaptune.workloads import get_workload  # noqa: E402
 
 STRATEGIES = ["sa", "rl", "sa+as", "rl+as", "random"]
@@ -132,7 +134,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1, help="repeat everything with seeds --seed, --seed+1, ...")
     ap.add_argument("--target", default=None,
-                    help="target as JSON (default: this host's CPU); an older mcpu runs that ISA's code here")
+                    help="target as JSON (default: this host's CPU; an older mcpu runs that ISA's code here), "
+                         "or cuda: the visible NVIDIA GPU")
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES,
                     help="adaptune strategies to run (default: all five)")
     args = ap.parse_args()
@@ -142,6 +145,13 @@ def main() -> None:
     target = parse_target(args.target)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if is_cuda(target):
+        try:
+            check_runnable(target)
+        except TargetError as e:
+            print(f"paper.py: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        print(f"GPU: {tvm.cuda(0).device_name}", flush=True)
     print(f"target {target}; {trials} trials per layer, {batch} per iteration", flush=True)
     summary = {}
     for seed in range(args.seed, args.seed + args.seeds):

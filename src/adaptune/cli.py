@@ -73,6 +73,18 @@ def stopped_message(e: Exception, work_dir) -> str:
     return f"tuning stopped: {why}; records measured so far are kept in {work_dir}, continue with --resume"
 
 
+def _probe(rpc) -> None:
+    """Fail at once, in one line, if nothing listens at the tracker's address (TVM's own connect
+    retries for 60 s and logs a warning every 5 s)."""
+    import socket
+
+    from .measure import RPCError
+    try:
+        socket.create_connection((rpc.host, rpc.port), timeout=3).close()
+    except OSError as e:
+        raise RPCError(f"cannot reach the RPC tracker at {rpc.host}:{rpc.port} ({type(e).__name__})") from None
+
+
 def make_measurer(args, target):
     """The Measurer the arguments ask for; remote devices are checked before any work starts."""
     from .measure import Measurer, RPCDevice, RPCError
@@ -82,6 +94,7 @@ def make_measurer(args, target):
     if args.rpc or args.device_key:
         try:
             rpc = RPCDevice.parse(args.rpc or "", args.device_key or "", session_timeout=int(args.timeout) + 30)
+            _probe(rpc)
             rpc.check(wait=3.0)
         except RPCError as e:
             raise UsageError(str(e)) from None
@@ -96,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("workload", nargs="?", default=None,
                    help="L1..L8, resnet18-8, tiny-conv, tiny-dense, or kind:dims e.g. conv2d:1,64,56,56,64,3,3,1,1 "
                         "(default: L8, a ResNet-18 3x3 conv)")
-    t.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), "llvm", or a JSON dict')
+    t.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), "llvm", "cuda" (the visible '
+                   'NVIDIA GPU), or a JSON dict such as {"kind": "cuda", "arch": "sm_80"}')
     _tuning_args(t, 64, "workload")
     sub.add_parser("workloads", help="list the built-in workloads")
 
@@ -149,10 +163,11 @@ def check_numerics(workload, sch, target) -> tuple[bool, float]:
     import numpy as np
 
     from ._tvm import tvm
+    from .target import device
 
     inputs = workload.random_inputs()
     ref = workload.reference(inputs)
-    dev = tvm.cpu(0)
+    dev = device(target)
     ex = tvm.compile(sch.mod, target=target)
     args = [tvm.runtime.tensor(x, dev) for x in inputs] + [tvm.runtime.empty(ref.shape, "float32", dev)]
     ex["main"](*args)
@@ -166,7 +181,7 @@ def cmd_tune_op(args) -> int:
     from rich.table import Table
 
     from .database import WorkDirError, check_work_dir
-    from .target import TargetError, parse_target
+    from .target import TargetError, check_runnable, parse_target
     from .tuner import tune_tir
     from .workloads import DEFAULT_WORKLOAD, WorkloadError, get_workload
 
@@ -179,8 +194,13 @@ def cmd_tune_op(args) -> int:
         return _fail(f"--trials must be a positive number, got {args.trials}")
     if args.batch_size is not None and args.batch_size <= 0:
         return _fail(f"--batch-size must be positive, got {args.batch_size}")
-    if target.kind.name != "llvm":
-        return _fail(f"tune-op measures on this machine's CPU; target kind {target.kind.name!r} is not supported here")
+    if target.kind.name not in ("llvm", "cuda"):
+        return _fail(f"tune-op tunes for a CPU (llvm) or an NVIDIA GPU (cuda); target kind {target.kind.name!r} "
+                     "is not supported")
+    try:
+        check_runnable(target, remote=bool(args.rpc))
+    except TargetError as e:
+        return _fail(f"{e}; measure on a remote one with --rpc HOST:PORT --device-key KEY")
     work_dir = Path(args.work_dir or f"runs/{workload.label.replace(':', '_')}-{args.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         check_work_dir(work_dir, args.resume)

@@ -60,12 +60,16 @@ def _input(text: str):
 def _load(args):
     """(model, target) from the common arguments, or _Bad with one line."""
     from .frontends import ModelError, load_model
-    from .target import TargetError, parse_target
+    from .target import TargetError, check_runnable, parse_target
     try:
         target = parse_target(args.target)
     except TargetError as e:
         raise _Bad(str(e)) from None
     if target.kind.name != "llvm":
+        try:
+            check_runnable(target)      # no GPU: say that first, it is the more useful line
+        except TargetError as e:
+            raise _Bad(str(e)) from None
         raise _Bad(f"models are measured and run on this machine's CPU; target kind {target.kind.name!r} "
                    "is not supported here")
     shape = _shape(args.input_shape)

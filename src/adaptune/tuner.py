@@ -48,9 +48,11 @@ class TuneState:
 
     def unmeasured(self, configs: np.ndarray, *, index: bool = False):
         """Rows of ``configs`` (canonicalised, deduplicated, first-seen order) not measured or
-        invalid; with ``index``, also the positions in ``configs`` they were taken from."""
+        invalid, nor outside a GPU's thread limits (``KnobSpace.plausible``); with ``index``, also
+        the positions in ``configs`` they were taken from."""
         canon = self.space.canonical(configs)
         keep = first_rows(canon)
+        keep = keep[self.space.plausible(canon[keep])]
         seen = self.measured_keys()
         if seen and len(keep):
             keep = keep[~np.isin(row_keys(canon[keep]), row_keys(np.array(list(seen), dtype=np.int64)))]
@@ -99,19 +101,25 @@ class TuneState:
         return min(lats) if lats else None
 
     # -- for the loops ----------------------------------------------------------------------------
-    def prepare(self, strategy: Strategy, n: int, attempts: int = 3) -> list[tuple[np.ndarray, object]]:
+    def prepare(self, strategy: Strategy, n: int, attempts: int = 3,
+                fill_rounds: int = 4) -> list[tuple[np.ndarray, object]]:
         """Ask the strategy for up to ``n`` configs; decode them; drop duplicates and invalid ones.
 
-        If the strategy comes back with nothing measurable, random configs fill in (a strategy
-        must never stall the run); an empty list means the space is exhausted."""
+        If the strategy comes back with too little that is measurable, up to ``fill_rounds``
+        rounds of random configs fill in (a strategy must never stall the run): on a GPU, where
+        ~1-5% of a design space passes ``VerifyGPUCode``, a short round is normal, not a sign
+        of exhaustion.  An empty list means the space is exhausted."""
         batch: list[tuple[np.ndarray, object]] = []
         keys: set[tuple] = set()
-        for attempt in range(attempts + 1):
+        for attempt in range(attempts + fill_rounds):
             want = n - len(batch)
             if want <= 0:
                 break
-            proposals = strategy.propose(want) if attempt < attempts else self.space.random(8 * want, self.rng)
-            for sch, reason, key in self._decode(np.atleast_2d(proposals)[: want * 4]):
+            if attempt < attempts:
+                proposals = np.atleast_2d(strategy.propose(want))[: want * 4]
+            else:
+                proposals = self.space.random(16 * want, self.rng)
+            for sch, reason, key in self._decode(proposals):
                 if key in keys or key in self.results or key in self.invalid:
                     continue
                 if sch is None:

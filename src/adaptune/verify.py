@@ -2,7 +2,8 @@
 
 MetaSchedule measures speed only; a candidate that is fast because it computes the wrong thing
 would win the search and end up in the compiled model.  Every task has a reference that needs no
-framework: TVM's plain lowering of the same, unscheduled PrimFunc.  The tuner checks each
+framework: TVM's plain lowering of the same, unscheduled PrimFunc (on the host CPU for a GPU
+target, whose unscheduled loops are bound to no threads).  The tuner checks each
 candidate that would become the new best (a handful per task, so the cost stays small) on random
 inputs, and records a mismatch as a failed candidate instead of a result.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._tvm import ms, tvm
+from .target import device, reference_target
 
 
 def arg_shapes(arg_infos) -> list[tuple[tuple[int, ...], str]]:
@@ -35,12 +37,13 @@ class KernelChecker:
     def reference(self) -> list[np.ndarray]:
         """The untuned kernel's outputs (computed once, ~0.5-1 s)."""
         if self._expected is None:
-            self._expected = self._run(self.mod)
+            self._expected = self._run(self.mod, target=reference_target(self.target))
         return self._expected
 
-    def _run(self, mod, artifact: str | None = None) -> list[np.ndarray]:
-        dev = tvm.cpu()
-        ex = tvm.runtime.load_module(artifact) if artifact else tvm.compile(mod, target=self.target)
+    def _run(self, mod, artifact: str | None = None, target=None) -> list[np.ndarray]:
+        target = target or self.target
+        dev = device(target)
+        ex = tvm.runtime.load_module(artifact) if artifact else tvm.compile(mod, target=target)
         bufs = [tvm.runtime.tensor(a.copy(), dev) for a in self.args]
         ex["main"](*bufs)
         return [b.numpy() for b in bufs]

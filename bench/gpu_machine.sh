@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Run adaptune's CUDA checks on a lent GPU machine (the device tool's nvidia-h100-x1 / nvidia-h200).
+#
+# That machine has Python 3.12 with torch, numpy, scikit-learn, pytest, cuda-bindings ... but no
+# TVM, TVM-FFI or xgboost, and no package registry; a call carries at most 64 MiB and the TVM wheel
+# is 100.5 MB.  So the wheels travel as cp312 files, the TVM one split in two parts carried by two
+# calls in a row (the machine stays warm ~30 s after a call; files outside the repo survive), and
+# are joined and installed with pip --no-index there.  Steps:
+#
+#   here:   bash bench/gpu_machine.sh prepare REPO   # REPO: the checkout the device tool sends
+#                                                    # (fills REPO/.gpu, ignored via .git/info/exclude)
+#   run 1:  carry [".gpu/w1", ".gpu/code"]  command: bash .gpu/code/bench/gpu_machine.sh stage1
+#   run 2:  at once, carry [".gpu/w2", ".gpu/code"]
+#           command: bash .gpu/code/bench/gpu_machine.sh stage2 [STEP ...]
+#
+# stage2 installs the wheels into /tmp/site, prints the GPU and checks that TVM compiles CUDA there,
+# then runs the STEPs (default: all three, about 6 minutes on an H100 machine): `tests` =
+# tests/test_cuda.py (its GPU tests run there instead of skipping), `tune-op` = `adaptune tune-op
+# L8 --target cuda --trials 16`, `paper` = `bench/paper.py --target cuda --layers L8 --trials 32
+# --strategies rl+as` (against MetaSchedule); logs go to $OUT.
+set -euo pipefail
+
+TVM=apache-tvm==0.27.0.post1
+WHEELS=(apache-tvm-ffi==0.1.14.post1 xgboost-cpu==3.2.0)   # the other needs are on the machine
+STASH=/tmp/adaptune-whl
+
+case "${1:-}" in
+prepare)
+    repo=$(cd "${2:?usage: gpu_machine.sh prepare REPO_THE_DEVICE_TOOL_SENDS}" && pwd)
+    here=$(cd "$(dirname "$0")/.." && pwd)
+    exclude=$(git -C "$repo" rev-parse --git-path info/exclude)
+    [[ $exclude = /* ]] || exclude=$repo/$exclude
+    grep -qxF /.gpu/ "$exclude" 2>/dev/null || echo /.gpu/ >>"$exclude"
+    g=$repo/.gpu
+    rm -rf "$g/w1" "$g/w2" "$g/code"
+    mkdir -p "$g/dl" "$g/w1" "$g/w2" "$g/code"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$g/dl" "$TVM" "${WHEELS[@]}"
+    tvm_whl=$(ls "$g"/dl/apache_tvm-*.whl)
+    basename "$tvm_whl" >"$g/w1/tvm.name"
+    (cd "$g/dl" && sha256sum "$(basename "$tvm_whl")") >"$g/w1/tvm.sha256"
+    split -n 2 -d "$tvm_whl" "$g/w1/tvm.part"          # tvm.part00, tvm.part01
+    mv "$g/w1/tvm.part01" "$g/w2/"
+    for w in "${WHEELS[@]}"; do cp "$g"/dl/"$(echo "${w%%==*}" | tr - _)"-*.whl "$g/w1/"; done
+    (cd "$here" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - src tests bench pyproject.toml) | tar -xf - -C "$g/code"
+    du -sh "$g/w1" "$g/w2" "$g/code"
+    ;;
+stage1)   # there, call 1: keep part 1 and the small wheels outside the repo
+    mkdir -p "$STASH"
+    cp .gpu/w1/* "$STASH/"
+    nvidia-smi -L
+    python3 --version
+    ls -la "$STASH"
+    ;;
+stage2)   # there, call 2 (within ~30 s of call 1)
+    shift
+    steps=${*:-tests tune-op paper}
+    out=${OUT:-/tmp}
+    cp .gpu/w2/* "$STASH/"
+    name=$(cat "$STASH/tvm.name")
+    cat "$STASH"/tvm.part0* >"$STASH/$name"
+    (cd "$STASH" && sha256sum -c tvm.sha256)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$STASH"/*.whl
+    export PYTHONPATH=/tmp/site:$PWD/.gpu/code/src PYTHONUNBUFFERED=1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import tvm; d = tvm.cuda(0); print('TVM', tvm.__version__, 'sees', d.exist, d.device_name, 'sm', d.compute_version)"
+    # TVM compiles CUDA with NVRTC through cuda-bindings; fall back to nvcc if that fails there
+    probe='import tvm; from tvm import te; A = te.placeholder((64,), name="A"); B = te.compute((64,), lambda i: A[i] + 1, name="B"); s = tvm.s_tir.Schedule(te.create_prim_func([A, B])); b = s.get_sblock("B"); s.bind(s.get_loops(b)[0], "threadIdx.x"); tvm.compile(s.mod, target="cuda"); print("CUDA compile OK")'
+    python3 -c "$probe" || { export TVM_CUDA_COMPILE_MODE=nvcc; echo "NVRTC failed: TVM_CUDA_COMPILE_MODE=nvcc"; python3 -c "$probe"; }
+    cd .gpu/code
+    set +e
+    if [[ " $steps " = *" tests "* ]]; then
+        timeout 180 python3 -m pytest -q -rs -s tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
+        echo "pytest exit: ${PIPESTATUS[0]}"
+    fi
+    if [[ " $steps " = *" tune-op "* ]]; then
+        timeout 90 python3 -m adaptune.cli tune-op L8 --target cuda --trials 16 --work-dir /tmp/l8-cuda \
+            2>&1 | tee "$out/tune_op_l8.log"
+        echo "tune-op exit: ${PIPESTATUS[0]}"
+    fi
+    if [[ " $steps " = *" paper "* ]]; then
+        timeout 180 python3 bench/paper.py --target cuda --layers L8 --trials 32 --strategies rl+as --out /tmp/paper \
+            2>&1 | tee "$out/paper_l8.log"
+        echo "paper.py exit: ${PIPESTATUS[0]}"
+    fi
+    ;;
+*)
+    sed -n '2,/^set /{/^set /d;p}' "$0"
+    exit 2
+    ;;
+esac
