@@ -83,7 +83,7 @@ def _compile(model, folder: Path, opts: dict):
     """Tune ``model`` into ``folder`` (unless a former call did) and build it: (executable, summary)."""
     from . import compile as C
     from .graph import optimise
-    from .scheduler import MODEL_META, tune_model
+    from .scheduler import MODEL_META, _write_json, tune_model
     from .target import parse_target
     target = parse_target(opts["target"])
     library = _saved_choice(folder, optimise(model.mod))
@@ -95,10 +95,8 @@ def _compile(model, folder: Path, opts: dict):
     result = tune_model(model, target, trials=opts["trials"], strategy=opts["strategy"], work_dir=folder,
                         resume=resume, library=opts["library"])
     best = C.build_best(model, C.open_database(folder), target, library=opts["library"])
-    tmp = folder / (CHOICE + ".tmp")
-    tmp.write_text(json.dumps({"build": best.best.name, "seconds": best.best.seconds,
-                               "library": {repr(op): impl for op, impl in best.best.library.items()}}, indent=1))
-    tmp.replace(folder / CHOICE)
+    _write_json(folder / CHOICE, {"build": best.best.name, "seconds": best.best.seconds,
+                                  "library": {repr(op): impl for op, impl in best.best.library.items()}})
     return best.best.executable, (f"{result.new_trials} trials measured, {best.best.name} build "
                                   f"{best.best.seconds * 1e3:.3f} ms, max error {best.best.error:.1e}")
 
