@@ -58,6 +58,13 @@ def _frozen(gm, example_inputs, weights: list[int]) -> torch.fx.GraphModule:
             env[node] = graph.node_copy(node, lambda n: env[n])
     for name, mod in gm.named_children():
         root.add_module(name, mod)
+    for node in gm.graph.nodes:         # weights Dynamo left as attributes of the graph module itself
+        if node.op == "get_attr" and "." not in node.target and not hasattr(root, node.target):
+            value = getattr(gm, node.target)
+            if isinstance(value, torch.Tensor):
+                root.register_buffer(node.target, value.detach())
+            else:
+                setattr(root, node.target, value)
     return torch.fx.GraphModule(root, graph)
 
 
