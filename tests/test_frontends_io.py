@@ -407,10 +407,11 @@ def test_the_zoo_transformers_import_with_token_inputs_and_check():
     assert C.check(C.build_untuned(vit), vit) < 1e-4
 
 
-def test_a_transformer_gelu_behind_a_reshape_joins_its_dense_layer_and_softmax_is_fast(target):
+def test_a_transformers_epilogues_and_attention_softmax_become_library_calls(target):
     """PyTorch's 3-D Linear imports as reshape/matmul/add/reshape: ``graph.sink_reshapes`` moves
-    the GELU ahead of the reshape so oneDNN runs it as the dense call's post-op; ``graph.fuse``
-    gives the softmax TVM's fast form."""
+    the GELU and the residual add ahead of the reshape so oneDNN runs them in the dense call;
+    attention's scaled (and masked) softmax is one PyTorch call; ``graph.fuse`` gives the
+    generated softmax TVM's fast form.  Both models match PyTorch with everything offloaded."""
     from adaptune import library as L
     from adaptune import zoo
     from adaptune.graph import extract_tasks, optimise
@@ -419,12 +420,22 @@ def test_a_transformer_gelu_behind_a_reshape_joins_its_dense_layer_and_softmax_i
                    inputs=[InputSpec("input_ids", (1, 12), "int64"), InputSpec("attention_mask", (1, 12), "int64")])
     ops = L.find_ops(optimise(m.mod))
     assert [op.post for op in ops if op.weight == (48, 32)] == ["gelu"]
+    # the residual adds behind the attention output and the MLP's second layer join their dense calls
+    assert sorted(op.label for op in ops if op.residual and op.kind == "linear") == ["linear 12x32 -> 32+add",
+                                                                                 "linear 12x48 -> 32+add"]
     names = [t.name for t in extract_tasks(optimise(m.mod), target)[0]]
     assert any("fast_softmax" in n for n in names) and not any("gelu" in n and "matmul" not in n for n in names)
-    # attention's two batched matmuls of activations are library ops too (torch.bmm)
+    # attention's two batched matmuls of activations are library ops too (torch.bmm), and so is the
+    # softmax between them with its scale and the attention mask (PyTorch's softmax)
     assert sorted(op.label for op in ops if op.kind == "bmm") == ["bmm 2x12x12 @ 2x12x16", "bmm 2x12x16 @ 2x16x12"]
+    assert [op.label for op in ops if op.kind == "softmax"] == ["softmax 1x2x12x12 *0.25+mask"]
     from adaptune._tvm import ms
     ex = C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops})
     ids, mask = m.example_inputs(seed=3)
     mask[0, 9:] = 0
     assert C.check(ex, m, [ids, mask]) < 1e-4
+    vit = load_model(zoo.ViT(image=32, patch=8, dim=32, layers=1, heads=2, hidden=48, num_classes=10),
+                     input_shape=(1, 3, 32, 32))
+    ops = L.find_ops(optimise(vit.mod))
+    assert [op.label for op in ops if op.kind == "softmax"] == ["softmax 1x2x17x17 *0.25"]     # no mask
+    assert C.check(C.build_tuned(vit, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops}), vit) < 1e-4

@@ -79,10 +79,16 @@ UNARY_ELEMENTWISE = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "re
 
 
 def sink_reshapes(mod) -> "tvm.IRModule":
-    """``act(reshape(x))`` -> ``reshape(act(x))`` for elementwise activations, then consecutive
-    reshapes merged: PyTorch's 3-D ``Linear`` imports as reshape, matmul, add, reshape, so BERT's
-    GELU sat behind a reshape where no chain pattern could take it into the dense layer's call."""
-    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+    """Move reshapes below what a dense layer's library call can absorb, then merge consecutive
+    reshapes: PyTorch's 3-D ``Linear`` imports as reshape, matmul, add, reshape, so BERT's GELU and
+    every transformer's residual add sat behind a reshape where no chain pattern could take them
+    into the dense layer's call.
+
+    * ``act(reshape(x))`` -> ``reshape(act(x))`` for elementwise activations;
+    * ``reshape(dense) + r`` -> ``reshape(dense + reshape(r))`` where ``dense`` is a matmul with a
+      constant weight (+ a constant bias) and ``r`` has the reshape's shape (no broadcast): the
+      residual's reshape is a view."""
+    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
     reshape = is_op("relax.reshape")(wildcard(), wildcard())
 
@@ -90,8 +96,28 @@ def sink_reshapes(mod) -> "tvm.IRModule":
         inner = matches[reshape]
         return relax.op.reshape(relax.Call(call.op, [inner.args[0]], call.attrs), inner.args[1])
     pattern = functools.reduce(lambda a, b: a | b, [is_op(name)(reshape) for name in UNARY_ELEMENTWISE])
-    funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
-             for gv, f in mod.functions_items()}
+
+    dense = is_op("relax.matmul")(wildcard(), is_const())
+    dense = dense | is_op("relax.add")(dense, is_const()) | is_op("relax.add")(is_const(), dense)
+    flat = is_op("relax.reshape")(dense, wildcard())
+    residual = wildcard()
+    add = is_op("relax.add")(flat, residual) | is_op("relax.add")(residual, flat)
+
+    def residual_rewriter(call, matches):
+        inner, r = matches[flat], matches[residual]
+        y = inner.args[0]
+        try:
+            same = [int(d) for d in r.ty.shape] == [int(d) for d in call.ty.shape]
+        except (TypeError, AttributeError):                 # symbolic or unknown shapes
+            return call
+        if not same:
+            return call
+        r = relax.op.reshape(r, y.ty.shape)
+        return relax.op.reshape(relax.op.add(*((y, r) if call.args[0].same_as(inner) else (r, y))), inner.args[1])
+
+    def each(f):
+        return rewrite_call(add, residual_rewriter, rewrite_call(pattern, rewriter, f))
+    funcs = {gv: each(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions_items()}
     return relax.transform.RemoveRedundantReshape()(tvm.IRModule(funcs, attrs=mod.attrs))
 
 

@@ -3,9 +3,9 @@
 The vendor path is the one the fastest CPU runtimes take (torch.compile's freezing, ONNX Runtime's
 NCHWc fusions): in the model's NHWC graph (``graph.optimise``) every convolution chain
 ``conv2d (+bias) (+residual add) (+ReLU / clip / GELU ...)`` and every dense chain
-``matmul (+bias) (+activation)`` with a constant weight can become ONE oneDNN call,
-``torch.ops.mkldnn._convolution_pointwise`` (its ``.binary`` form for the residual) or
-``_linear_pointwise``, whose weight is reordered to oneDNN's blocked layout once (at the first call,
+``matmul (+bias) (+activation | +residual add)`` with a constant weight can become ONE oneDNN call,
+``torch.ops.mkldnn._convolution_pointwise`` or ``_linear_pointwise`` (their ``.binary`` forms for
+the residual), whose weight is reordered to oneDNN's blocked layout once (at the first call,
 cached by the weight's content and the call's attributes) instead of on every call.  A batched
 matmul of two activations (attention's ``q @ k^T`` and ``p @ v``) can become one ``torch.bmm``.  NHWC tensors
 are what oneDNN calls channels-last NCHW, so activations pass through DLPack with no copy.
@@ -36,7 +36,9 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 CONV, CONV_ADD, LINEAR = "adaptune.onednn.conv2d", "adaptune.onednn.conv2d_add", "adaptune.onednn.linear"
+LINEAR_ADD = "adaptune.onednn.linear_add"
 BMM = "adaptune.onednn.bmm"
+SOFTMAX, SOFTMAX_MASK = "adaptune.torch.softmax", "adaptune.torch.softmax_mask"
 
 _CALLS: dict = {}           # (kind, digest of op, weight and bias) -> what the call needs besides x
 
@@ -94,16 +96,31 @@ def onednn_conv2d_add(x, other, w, b, padding, stride, dilation, groups, post, k
         tx, _nchw(other), pw, tb, *args, "add", None, None if name == "none" else name, scalars, None))
 
 
-@tvm_ffi.register_global_func(LINEAR, override=True)
-def onednn_linear(x, w, b, post, key):
-    """x @ w.T + b with a unary post-op in one oneDNN call; w (out, in), pre-packed once."""
-    tx = torch.from_dlpack(x)
+def _linear_call(key, tx, w, b, post):
+    """The dense call's fixed arguments, prepared once per call site: the weight reordered to
+    oneDNN's blocked layout for this batch, the bias, the post-op."""
     call = _CALLS.get(("linear", key))
     if call is None:
         packed = torch.ops.mkldnn._reorder_linear_weight(torch.from_dlpack(w).clone(), int(np.prod(tx.shape[:-1])))
         call = _CALLS[("linear", key)] = (packed, torch.from_dlpack(b).clone(), *_post(post))
-    packed, tb, name, scalars, algorithm = call
+    return call
+
+
+@tvm_ffi.register_global_func(LINEAR, override=True)
+def onednn_linear(x, w, b, post, key):
+    """x @ w.T + b with a unary post-op in one oneDNN call; w (out, in), pre-packed once."""
+    tx = torch.from_dlpack(x)
+    packed, tb, name, scalars, algorithm = _linear_call(key, tx, w, b, post)
     return tvm.runtime.from_dlpack(torch.ops.mkldnn._linear_pointwise(tx, packed, tb, name, scalars, algorithm))
+
+
+@tvm_ffi.register_global_func(LINEAR_ADD, override=True)
+def onednn_linear_add(x, other, w, b, key):
+    """x @ w.T + b + other (a transformer's residual) in one oneDNN call (the ``.binary`` form)."""
+    tx = torch.from_dlpack(x)
+    packed, tb, *_ = _linear_call(key, tx, w, b, "none")
+    return tvm.runtime.from_dlpack(torch.ops.mkldnn._linear_pointwise.binary(
+        tx, torch.from_dlpack(other), packed, tb, "add"))
 
 
 @tvm_ffi.register_global_func(BMM, override=True)
@@ -113,6 +130,20 @@ def torch_bmm(a, b):
     return tvm.runtime.from_dlpack(torch.bmm(torch.from_dlpack(a), torch.from_dlpack(b)))
 
 
+def torch_softmax(x, scale, mask=None):
+    """softmax(x * scale (+ mask)) over the last axis (attention's scores; ``mask`` broadcasts):
+    PyTorch's vectorised ops on a tensor of our own, so TVM's pool does not wake between the
+    batched matmuls PyTorch runs on either side."""
+    t = torch.from_dlpack(x).mul(float(scale))
+    if mask is not None:
+        t.add_(torch.from_dlpack(mask))
+    return tvm.runtime.from_dlpack(torch.softmax(t, -1))
+
+
+tvm_ffi.register_global_func(SOFTMAX, lambda x, scale: torch_softmax(x, scale), override=True)
+tvm_ffi.register_global_func(SOFTMAX_MASK, lambda x, mask, scale: torch_softmax(x, scale, mask), override=True)
+
+
 def _shape(expr) -> tuple[int, ...]:
     return tuple(int(d) for d in expr.ty.shape)
 
@@ -120,12 +151,13 @@ def _shape(expr) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class LibraryOp:
     """One fusable chain's signature: kind, shapes, attributes and epilogue."""
-    kind: str                           # "conv2d" | "linear" | "bmm"
-    data: tuple[int, ...]               # conv2d: NHWC; linear: (..., in); bmm: (batch, m, k)
-    weight: tuple[int, ...]             # as the vendor op takes it: OIHW | (out, in); bmm: (batch, k, n)
+    kind: str                           # "conv2d" | "linear" | "bmm" | "softmax"
+    data: tuple[int, ...]               # conv2d: NHWC; linear: (..., in); bmm: (batch, m, k); softmax: x
+    weight: tuple[int, ...]             # as the vendor op takes it: OIHW | (out, in); bmm: (batch, k, n);
+                                        # softmax: the mask's shape, () without one
     out: tuple[int, ...]
-    attrs: tuple = ()                   # conv2d: (padding (h, w), strides, dilation, groups)
-    residual: bool = False              # a residual tensor added before the post-op
+    attrs: tuple = ()                   # conv2d: (padding (h, w), strides, dilation, groups); softmax: (scale,)
+    residual: bool = False              # a residual tensor added before the post-op (softmax: the mask)
     post: str = "none"                  # unary post-op, scalars after colons ("hardtanh:0:6")
 
     @property
@@ -137,10 +169,14 @@ class LibraryOp:
                     f"{f' g{g}' if g > 1 else ''} @{self.data[1]}x{self.data[2]}{tail}")
         if self.kind == "bmm":
             return f"bmm {'x'.join(map(str, self.data))} @ {'x'.join(map(str, self.weight))}"
+        if self.kind == "softmax":
+            return f"softmax {'x'.join(map(str, self.data))} *{self.attrs[0]:.4g}{'+mask' if self.residual else ''}"
         return f"linear {'x'.join(map(str, self.data))} -> {self.weight[0]}{tail}"
 
     @property
     def flops(self) -> float:
+        if self.kind == "softmax":
+            return 5.0 * np.prod(self.out)                   # scale, mask, max, exp, sum, divide
         if self.kind == "conv2d":
             return 2.0 * np.prod(self.out) * np.prod(self.weight[1:])
         return 2.0 * np.prod(self.out) * self.weight[1]       # linear: in; bmm: k
@@ -149,11 +185,17 @@ class LibraryOp:
         """Seconds per call of the fused library kernel, through the DLPack path the model uses."""
         from .compile import time_callable
         rng = np.random.default_rng(0)
+        if self.kind == "softmax":
+            x, mask = (tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in (self.data, self.weight))
+            return time_callable(lambda: torch_softmax(x, self.attrs[0], mask if self.residual else None),
+                                 repeat=repeat, min_repeat_ms=100)
         arrays = [rng.standard_normal(s).astype("float32") for s in (self.data, self.weight, (self.weight[0],), self.out)]
         x, w, b, other = (tvm.runtime.tensor(a) for a in arrays)
         if self.kind == "bmm":
             return time_callable(lambda: torch_bmm(x, w), repeat=repeat, min_repeat_ms=100)
         key = _digest(self, arrays[1], arrays[2])
+        if self.kind == "linear" and self.residual:
+            return time_callable(lambda: onednn_linear_add(x, other, w, b, key), repeat=repeat, min_repeat_ms=100)
         if self.kind == "linear":
             return time_callable(lambda: onednn_linear(x, w, b, self.post, key), repeat=repeat, min_repeat_ms=100)
         if self.residual:
@@ -185,6 +227,7 @@ class _Chain:
     post: list[relax.Call]             # the epilogue's unary calls, in order (two for a clip)
     op: LibraryOp
     swapped: tuple[bool, bool] = (False, False)     # (bias, residual) came first in its add
+    scaled: relax.Call | None = None                # softmax: the divide / multiply by the scale
 
 
 def _per_channel(const, channels) -> np.ndarray | None:
@@ -231,11 +274,13 @@ def _signature(anchor, bias, residual, post) -> LibraryOp | None:
         o, kh, kw, i = weight
         attrs = ((top, left), tuple(int(s) for s in a.strides), tuple(int(d) for d in a.dilation), int(a.groups))
         return LibraryOp("conv2d", data, (o, i, kh, kw), out, attrs, residual is not None, spec)
-    if anchor.op.name != "relax.matmul" or residual is not None:
+    if anchor.op.name != "relax.matmul":
         return None
     if isinstance(anchor.args[1], tvm.ir.expr.Constant):
-        if len(weight) == 2 and len(data) >= 2:
-            return LibraryOp("linear", data, (weight[1], weight[0]), out, (), False, spec)
+        if len(weight) == 2 and len(data) >= 2 and (residual is None or spec == "none"):
+            return LibraryOp("linear", data, (weight[1], weight[0]), out, (), residual is not None, spec)
+        return None
+    if residual is not None:
         return None
     if len(data) == len(weight) == 3 and data[0] == weight[0] and bias is None and not post:
         return LibraryOp("bmm", data, weight, out)
@@ -265,8 +310,16 @@ def _patterns():
                                         post=has_post, clip_max=clip_max)))
         out.append((is_op(anchor_op)(wildcard(), is_const()), None))
     out.append((is_op("relax.matmul")(wildcard(), wildcard()), None))       # two activations: bmm
-    return [(p, parts or dict(anchor=p, bias=None, bias_add=None, residual=None, res_add=None, post=False,
-                              clip_max=None)) for p, parts in out]
+    out = [(p, parts or dict(anchor=p, bias=None, bias_add=None, residual=None, res_add=None, post=False,
+                             clip_max=None)) for p, parts in out]
+    for mask_side in (0, 1, None):                  # attention's scores: softmax(x * scale (+ mask))
+        x, c, mask = wildcard(), is_const(), wildcard()
+        y = scaled = is_op("relax.divide")(x, c) | is_op("relax.multiply")(x, c)
+        if mask_side is not None:
+            y = is_op("relax.add")(*((scaled, mask) if mask_side == 0 else (mask, scaled)))
+        out.append((is_op("relax.nn.softmax")(y), dict(softmax=True, x=x, scale=c, scaled=scaled,
+                                                      mask=mask if mask_side is not None else None, mask_add=y)))
+    return out
 
 
 def _single_use(func) -> set:
@@ -286,7 +339,30 @@ def _single_use(func) -> set:
     return {b.value for block in func.body.blocks for b in block.bindings if uses.get(b.var, 0) == 1}
 
 
+def _softmax_chain(matched, matches, parts, single) -> _Chain | None:
+    """A softmax over the last axis of ``x * scale (+ mask)``, float32, scale a scalar constant."""
+    scaled, mask = matches[parts["scaled"]], matches[parts["mask"]] if parts["mask"] is not None else None
+    inner = [scaled] + ([matches[parts["mask_add"]]] if mask is not None else [])
+    if any(c not in single for c in inner):
+        return None
+    x, c = matches[parts["x"]], matches[parts["scale"]].value.numpy()
+    try:
+        data, out = _shape(x), _shape(matched)
+        mask_shape = _shape(mask) if mask is not None else ()
+    except (TypeError, AttributeError):                     # symbolic or unknown shapes
+        return None
+    if int(matched.attrs.axis) not in (-1, len(out) - 1) or c.size != 1 or float(c.reshape(())) == 0.0 or \
+            any(str(e.ty.dtype) != "float32" for e in [x, matched] + ([mask] if mask is not None else [])):
+        return None
+    scale = float(c.reshape(())) if scaled.op.name == "relax.multiply" else 1.0 / float(c.reshape(()))
+    op = LibraryOp("softmax", data, mask_shape, out, (scale,), mask is not None)
+    return _Chain(x, None, mask, [], op, (False, parts["mask_add"] is not None and mask is not None
+                                          and matches[parts["mask_add"]].args[0].same_as(mask)), scaled)
+
+
 def _chain(matched, matches, parts, single) -> _Chain | None:
+    if parts.get("softmax"):
+        return _softmax_chain(matched, matches, parts, single)
     inner = [matches[parts[k]] for k in ("anchor", "bias_add", "res_add", "clip_max")
              if parts[k] is not None and parts[k] in matches]
     if any(not c.same_as(matched) and c not in single for c in inner):
@@ -363,11 +439,19 @@ def _weight_bias(chain: _Chain) -> tuple[np.ndarray, np.ndarray]:
 
 def _packed_call(chain: _Chain) -> relax.Call:
     op = chain.op
+    if op.kind == "softmax":
+        scale = relax.prim_value(tvm.tirx.FloatImm("float64", op.attrs[0]))
+        if op.residual:
+            return relax.call_pure_packed(SOFTMAX_MASK, chain.anchor, chain.residual, scale, ty_args=chain.anchor.ty)
+        return relax.call_pure_packed(SOFTMAX, chain.anchor, scale, ty_args=chain.anchor.ty)
     if op.kind == "bmm":
         return relax.call_pure_packed(BMM, *chain.anchor.args, ty_args=chain.anchor.ty)
     w, b = _weight_bias(chain)
     consts = [relax.const(w), relax.const(np.ascontiguousarray(b))]
     tail = [relax.expr.String(op.post), relax.prim_value(_digest(op, w, b))]
+    if op.kind == "linear" and op.residual:
+        return relax.call_pure_packed(LINEAR_ADD, chain.anchor.args[0], chain.residual, *consts, tail[1],
+                                      ty_args=chain.anchor.ty)
     if op.kind == "linear":
         return relax.call_pure_packed(LINEAR, chain.anchor.args[0], *consts, *tail, ty_args=chain.anchor.ty)
     pad, strides, dilation, groups = op.attrs
@@ -411,12 +495,23 @@ def chain_modules(optimised) -> dict[LibraryOp, "tvm.IRModule"]:
     def take(chain, _add):
         if chain.op in mods:
             return _packed_call(chain)
+        bb = relax.BlockBuilder()
+        if chain.op.kind == "softmax":
+            params = [relax.Var("x", chain.anchor.ty)] + ([relax.Var("m", chain.residual.ty)] if chain.op.residual else [])
+            with bb.function("main", params):
+                with bb.dataflow():
+                    y = bb.emit(relax.Call(chain.scaled.op, [params[0], chain.scaled.args[1]], chain.scaled.attrs))
+                    if chain.op.residual:
+                        y = bb.emit(relax.op.add(*((params[1], y) if chain.swapped[1] else (y, params[1]))))
+                    gv = bb.emit_output(relax.op.nn.softmax(y, axis=-1))
+                bb.emit_func_output(gv)
+            mods[chain.op] = bb.get()
+            return _packed_call(chain)
         params = [relax.Var("x", chain.anchor.args[0].ty)]
         rhs = chain.anchor.args[1]
         if not isinstance(rhs, tvm.ir.expr.Constant):               # bmm: the second operand is an input too
             rhs = relax.Var("y", rhs.ty)
             params.append(rhs)
-        bb = relax.BlockBuilder()
         res = relax.Var("r", chain.residual.ty) if chain.residual is not None else None
         with bb.function("main", params + ([res] if res is not None else [])):
             with bb.dataflow():
