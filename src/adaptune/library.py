@@ -318,7 +318,8 @@ def _patterns():
         if mask_side is not None:
             y = is_op("relax.add")(*((scaled, mask) if mask_side == 0 else (mask, scaled)))
         out.append((is_op("relax.nn.softmax")(y), dict(softmax=True, x=x, scale=c, scaled=scaled,
-                                                      mask=mask if mask_side is not None else None, mask_add=y)))
+                                                      mask=mask if mask_side is not None else None,
+                                                      mask_add=y if mask_side is not None else None)))
     return out
 
 
@@ -342,8 +343,8 @@ def _single_use(func) -> set:
 def _softmax_chain(matched, matches, parts, single) -> _Chain | None:
     """A softmax over the last axis of ``x * scale (+ mask)``, float32, scale a scalar constant."""
     scaled, mask = matches[parts["scaled"]], matches[parts["mask"]] if parts["mask"] is not None else None
-    inner = [scaled] + ([matches[parts["mask_add"]]] if mask is not None else [])
-    if any(c not in single for c in inner):
+    mask_add = matches[parts["mask_add"]] if mask is not None else None
+    if any(c not in single for c in [scaled] + ([mask_add] if mask is not None else [])):
         return None
     x, c = matches[parts["x"]], matches[parts["scale"]].value.numpy()
     try:
@@ -351,13 +352,13 @@ def _softmax_chain(matched, matches, parts, single) -> _Chain | None:
         mask_shape = _shape(mask) if mask is not None else ()
     except (TypeError, AttributeError):                     # symbolic or unknown shapes
         return None
-    if int(matched.attrs.axis) not in (-1, len(out) - 1) or c.size != 1 or float(c.reshape(())) == 0.0 or \
+    value = float(c.reshape(())) if c.size == 1 else 0.0
+    if int(matched.attrs.axis) not in (-1, len(out) - 1) or value == 0.0 or \
             any(str(e.ty.dtype) != "float32" for e in [x, matched] + ([mask] if mask is not None else [])):
         return None
-    scale = float(c.reshape(())) if scaled.op.name == "relax.multiply" else 1.0 / float(c.reshape(()))
+    scale = value if scaled.op.name == "relax.multiply" else 1.0 / value
     op = LibraryOp("softmax", data, mask_shape, out, (scale,), mask is not None)
-    return _Chain(x, None, mask, [], op, (False, parts["mask_add"] is not None and mask is not None
-                                          and matches[parts["mask_add"]].args[0].same_as(mask)), scaled)
+    return _Chain(x, None, mask, [], op, (False, mask is not None and mask_add.args[0].same_as(mask)), scaled)
 
 
 def _chain(matched, matches, parts, single) -> _Chain | None:
@@ -449,8 +450,8 @@ def _packed_call(chain: _Chain) -> relax.Call:
     w, b = _weight_bias(chain)
     consts = [relax.const(w), relax.const(np.ascontiguousarray(b))]
     tail = [relax.expr.String(op.post), relax.prim_value(_digest(op, w, b))]
-    if op.kind == "linear" and op.residual:
-        return relax.call_pure_packed(LINEAR_ADD, chain.anchor.args[0], chain.residual, *consts, tail[1],
+    if op.kind == "linear" and op.residual:                 # the binary form takes no post-op
+        return relax.call_pure_packed(LINEAR_ADD, chain.anchor.args[0], chain.residual, *consts, tail[-1],
                                       ty_args=chain.anchor.ty)
     if op.kind == "linear":
         return relax.call_pure_packed(LINEAR, chain.anchor.args[0], *consts, *tail, ty_args=chain.anchor.ty)
