@@ -33,8 +33,10 @@ def _compile(module, work_dir: Path, trials: int):
 
 def _max_error(got, want) -> float:
     from torch.utils._pytree import tree_leaves
+
+    from adaptune.verify import output_scale
     pairs = list(zip(tree_leaves(got), tree_leaves(want)))
-    return max(float((g - w).abs().max()) / max(float(w.abs().max()), 1e-6) for g, w in pairs)
+    return max(float((g - w).abs().max()) / output_scale(w.numpy()) for g, w in pairs)
 
 
 def run(name: str, trials: int, out: Path, rounds: int) -> dict:

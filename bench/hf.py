@@ -51,7 +51,11 @@ def resnet50():
 def mobilenetv2():
     import transformers as T
     torch.manual_seed(0)
-    return _image(T.MobileNetV2Model(T.MobileNetV2Config()))
+    model = T.MobileNetV2Model(T.MobileNetV2Config())
+    for m in model.modules():              # HF's init (normal, std 0.02) shrinks the output to ~1e-21,
+        if isinstance(m, torch.nn.Conv2d):  # which no check can tell from zero: He's init instead
+            torch.nn.init.kaiming_normal_(m.weight)   # fan-in: eval BN does not rescale
+    return _image(model)
 
 
 def convnext():

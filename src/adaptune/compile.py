@@ -14,6 +14,7 @@ import numpy as np
 
 from ._tvm import ms
 from .graph import apply_database, fuse, optimise
+from .verify import output_scale
 from .target import parse_target
 
 import tvm
@@ -152,7 +153,7 @@ def check(executable, model, inputs=None, *, rtol=1e-3, atol=1e-4) -> float:
     for name, g, w in zip(names, got, want):
         if g.shape != w.shape:
             raise NumericsError(f"output {name}: shape {g.shape} differs from reference {w.shape}")
-        scale = max(float(np.abs(w).max()), 1e-6)
+        scale = output_scale(w)
         err = float(np.abs(g.astype(np.float64) - w).max()) / scale
         if not np.allclose(g, w, rtol=rtol, atol=atol * scale):
             raise NumericsError(f"output {name} differs from reference: max error {err:.2e} of output scale")

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import compile as C
 from .target import parse_target
+from .verify import output_scale
 
 RUNTIMES = ("tvm-untuned", "adaptune-generated", "adaptune", "pytorch-eager", "torch-compile", "onnxruntime")
 
@@ -53,7 +54,7 @@ def _max_error(got, want) -> float:
     """Largest absolute difference relative to the output's scale (the rule of ``compile.check``)."""
     worst = 0.0
     for g, w in zip(got, want):
-        scale = max(float(np.abs(w).max()), 1e-6)
+        scale = output_scale(w)
         worst = max(worst, float(np.abs(np.asarray(g, np.float64) - w).max()) / scale)
     return worst
 

@@ -62,6 +62,12 @@ class KernelChecker:
         return True, ""
 
 
+def output_scale(want) -> float:
+    """The scale errors are measured against: the reference's largest magnitude (1 for an all-zero
+    one).  No floor: a model whose outputs are ~1e-21 is still compared, not passed for free."""
+    return float(np.abs(want).max()) or 1.0
+
+
 def _differs(got: np.ndarray, want: np.ndarray, rtol: float) -> bool:
     """Whether ``got`` is not ``want`` within ``rtol`` of its scale.  Non-finite values must match
     exactly (random inputs can overflow a kernel, e.g. an attention mask times float32's minimum;
@@ -77,5 +83,5 @@ def _differs(got: np.ndarray, want: np.ndarray, rtol: float) -> bool:
     if not finite.any():
         return False
     w = want[finite].astype(np.float64)
-    scale = max(float(np.abs(w).max()), 1e-6)
+    scale = output_scale(w)
     return float(np.abs(got[finite].astype(np.float64) - w).max()) > rtol * scale
