@@ -439,3 +439,44 @@ def test_a_transformers_epilogues_and_attention_softmax_become_library_calls(tar
     ops = L.find_ops(optimise(vit.mod))
     assert [op.label for op in ops if op.kind == "softmax"] == ["softmax 1x2x17x17 *0.25"]     # no mask
     assert C.check(C.build_tuned(vit, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops}), vit) < 1e-4
+
+
+class TfPadded(nn.Module):
+    """TensorFlow-style "same" padding (HF MobileNetV2's ``tf_padding``): an explicit zero pad before
+    every conv, asymmetric at stride 2, and ReLU6 as a clamp."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(3, 8, 3, stride=2)
+        self.dw = nn.Conv2d(8, 8, 3, groups=8)
+        self.pw = nn.Conv2d(8, 16, 1)
+
+    def forward(self, x):
+        x = torch.clamp(self.down(nn.functional.pad(x, (0, 1, 0, 1))), 0, 6)
+        x = torch.clamp(self.dw(nn.functional.pad(x, (1, 1, 1, 1))), 0, 6)
+        return self.pw(nn.functional.pad(x, (0, 0, 0, 0)))
+
+
+@pytest.mark.parametrize("entry", ["pytorch", "onnx"])
+def test_tf_padding_and_relu6_reach_the_library_through_both_entry_points(entry, tmp_path, target):
+    """Each zero pad becomes its conv's own padding (``graph.fold_pads``; onnxslim's Pad+Conv fusion
+    for ONNX files) and ONNX's ``Clip`` arrives as Relax's maximum/minimum
+    (``frontends._clip_as_max_min``, ``graph.pairwise_reductions``), so the convs are library
+    chains with ReLU6 as oneDNN's post-op; the stride-2 conv, padded asymmetrically, stays generated."""
+    from adaptune import library as L
+    from adaptune._tvm import ms
+    from adaptune.graph import op_counts, optimise
+    torch.manual_seed(0)
+    module = TfPadded().eval()
+    if entry == "onnx":
+        path = tmp_path / "tf.onnx"
+        torch.onnx.export(module, (torch.randn(1, 3, 16, 16),), str(path), dynamo=False, input_names=["x"])
+        m = load_model(str(path))
+    else:
+        m = load_model(module, input_shape=(1, 3, 16, 16))
+    counts = op_counts(optimise(m.mod))
+    assert not [op for op in counts if op in ("nn.pad", "stack", "broadcast_to") or op.startswith("kernel:")], counts
+    ops = L.find_ops(optimise(m.mod))
+    assert sorted(op.label for op in ops) == ["conv2d 8->16 1x1 s1 p0 @8x8", "conv2d 8->8 3x3 s1 p1 g8 @8x8+hardtanh"]
+    ex = C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops})
+    assert C.check(ex, m) < 1e-4

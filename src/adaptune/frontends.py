@@ -305,8 +305,9 @@ def _onnx_simplify(proto, shapes: dict):
     and the zoo's demo-cnn, resnet18 and mobilenetv2 in both exports: onnxslim and onnxsim load all
     of them (onnxsim only when every output has a declared shape), onnxscript's optimizer all but
     the dynamo=False TF-padding net (it leaves a ConstantOfShape unfolded), onnx's shape inference
-    neither Pad.  onnxslim is pure Python; its fusions are skipped to keep the graph as written.  A
-    model it cannot simplify goes to TVM as it is."""
+    neither Pad.  onnxslim is pure Python; of its fusions only Pad+Conv runs (a zero pad becomes the
+    conv's own padding, as ``graph.fold_pads`` does for PyTorch models), the rest keep the graph as
+    written.  A model it cannot simplify goes to TVM as it is."""
     import onnx
     import onnxslim
     fixed = onnx.ModelProto()
@@ -314,12 +315,55 @@ def _onnx_simplify(proto, shapes: dict):
     for inp in fixed.graph.input:
         for dim, d in zip(inp.type.tensor_type.shape.dim, shapes.get(inp.name, ())):
             dim.dim_value = d
+    from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS
     try:
         with _quiet():
-            return onnxslim.slim(fixed, skip_optimizations=["graph_fusion", "weight_tying"])
+            slim = onnxslim.slim(fixed, skip_optimizations=["weight_tying"],
+                                 skip_fusion_patterns=[p for p in DEFAULT_FUSION_PATTERNS if p != "FusionPadConv"])
     except Exception as e:          # simplification is an aid: TVM may still import the model
         logging.getLogger(__name__).debug("onnxslim failed (%s); importing the model as it is", _one_line(e))
         return fixed
+    return _clip_as_max_min(slim)
+
+
+def _clip_as_max_min(proto):
+    """``Clip(x, lo, hi)`` with constant bounds -> ``Min(Max(x, lo), hi)``.  TVM's ONNX importer
+    emits ``Clip`` as opaque TE kernels (plus a NaN test of each bound), which the layout pass wraps
+    in transposes and no library chain can take as ReLU6; ``Max``/``Min`` import as Relax's
+    ``maximum``/``minimum``.  (onnxslim and onnxscript have no such rewrite.)"""
+    import onnx
+    from onnx import helper, numpy_helper
+    consts = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    consts.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in proto.graph.node
+                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    nodes, extra = [], []
+    for k, n in enumerate(proto.graph.node):
+        bounds = list(n.input[1:3]) + [""] * (3 - len(n.input))
+        if n.op_type != "Clip" or any(b and (b not in consts or consts[b].size != 1 or np.isnan(consts[b]).any())
+                                      for b in bounds):
+            nodes.append(n)
+            continue
+        if not any(bounds):                                 # opset < 11: the bounds are attributes
+            attrs = {a.name: a.f for a in n.attribute}
+            for j, key in enumerate(("min", "max")):
+                if key in attrs:
+                    bounds[j] = f"{n.output[0]}__{key}"
+                    extra.append(numpy_helper.from_array(np.array(attrs[key], np.float32), bounds[j]))
+        x = n.input[0]
+        for j, (op, b) in enumerate((("Max", bounds[0]), ("Min", bounds[1]))):
+            if not b:
+                continue
+            out = f"{n.output[0]}__max" if op == "Max" and bounds[1] else n.output[0]
+            nodes.append(helper.make_node(op, [x, b], [out], name=f"{n.name or f'clip{k}'}_{op.lower()}"))
+            x = out
+        if x == n.input[0]:                                 # no bound at all: an identity
+            nodes.append(helper.make_node("Identity", [x], [n.output[0]], name=n.name))
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(extra)
+    return out
 
 
 def _node_label(node, index: int) -> str:

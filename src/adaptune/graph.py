@@ -1,6 +1,7 @@
 """Graph optimisation and task extraction (Woodpecker-DL's graph level, done with Relax's passes).
 
-``optimise`` folds BatchNorm into the preceding convolution's weights, decomposes what is left of
+``optimise`` folds explicit zero pads into the convolution after them and reads an importer's
+stacked two-input reductions as the elementwise ops they are, folds BatchNorm into the preceding convolution's weights, decomposes what is left of
 the inference-only ops into elementwise arithmetic and folds constants; Relax's "zero" pipeline
 (legalise, annotate, fold, fuse, FuseTIR) then fuses every conv/matmul with its elementwise
 epilogue, so each task is one kernel.  The same pipeline runs again at compile time with the
@@ -54,7 +55,7 @@ def op_counts(mod) -> Counter:
     return counts
 
 
-GRAPH_PASSES = ("FoldBatchnormToConv2D", "DecomposeOpsForInference", "FoldConstant", "DecomposeClip",
+GRAPH_PASSES = ("PairwiseReductions", "FoldPads", "FoldBatchnormToConv2D", "DecomposeOpsForInference", "FoldConstant", "DecomposeClip",
                 "ConvertLayout(NHWC)", "FoldConstant")
 LAYOUT = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
@@ -69,6 +70,58 @@ def decompose_clip(mod) -> "tvm.IRModule":
         dtype = str(x.ty.dtype)
         return relax.op.minimum(relax.op.maximum(x, relax.const(lo, dtype)), relax.const(hi, dtype))
     pattern = is_op("relax.clip")(wildcard(), wildcard(), wildcard())
+    funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
+             for gv, f in mod.functions_items()}
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
+def fold_pads(mod) -> "tvm.IRModule":
+    """``conv2d(pad(x))`` -> ``conv2d(x)`` with the pad in the conv's own (possibly asymmetric)
+    padding, for a zero ``constant`` pad of the spatial axes only.  TensorFlow-style "same" padding
+    (HF MobileNetV2's ``tf_padding``) puts such a pad before every convolution: a copy per layer, and
+    a conv the library's chains cannot see past (52 pads in MobileNetV2)."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    pad = is_op("relax.nn.pad")(wildcard())
+    pattern = is_op("relax.nn.conv2d")(pad, wildcard())
+
+    def rewriter(call, matches):
+        p, a = matches[pad].attrs, call.attrs
+        if p.pad_mode != "constant" or float(p.pad_value) != 0.0:
+            return call
+        widths = [int(w) for w in p.pad_width]
+        layout = str(a.data_layout)
+        spatial = {layout.index("H"), layout.index("W")}
+        if any(widths[2 * i] or widths[2 * i + 1] for i in range(len(layout)) if i not in spatial) or min(widths) < 0:
+            return call
+        h, w = layout.index("H"), layout.index("W")
+        top, left, bottom, right = (int(x) for x in a.padding)
+        padding = (top + widths[2 * h], left + widths[2 * w], bottom + widths[2 * h + 1], right + widths[2 * w + 1])
+        return relax.op.nn.conv2d(matches[pad].args[0], call.args[1], a.strides, padding, a.dilation, a.groups,
+                                  a.data_layout, a.kernel_layout, a.out_layout, a.out_dtype)
+    funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
+             for gv, f in mod.functions_items()}
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
+def pairwise_reductions(mod) -> "tvm.IRModule":
+    """``max(stack([broadcast_to(a), broadcast_to(b)]), axis=0)`` -> ``maximum(a, b)`` (and ``min``,
+    ``sum``): TVM's ONNX importer writes a two-input ``Max``/``Min``/``Sum`` with static shapes as
+    two broadcast copies, a stack and a reduction, which no chain pattern or layout rule reads as
+    the elementwise op it is (``Clip``'s bounds, see ``frontends._clip_as_max_min``)."""
+    from tvm.relax.dpl import is_op, is_tuple, rewrite_call, wildcard
+
+    a, b = wildcard(), wildcard()
+    stack = is_op("relax.stack")(is_tuple([is_op("relax.broadcast_to")(a, wildcard()),
+                                           is_op("relax.broadcast_to")(b, wildcard())]))
+    binary = {"relax.max": relax.op.maximum, "relax.min": relax.op.minimum, "relax.sum": relax.op.add}
+    pattern = functools.reduce(lambda x, y: x | y, [is_op(name)(stack) for name in binary])
+
+    def rewriter(call, matches):
+        if int(matches[stack].attrs.axis) != 0 or [int(x) for x in call.attrs.axis or ()] != [0] or \
+                call.attrs.keepdims:
+            return call
+        return binary[call.op.name](matches[a], matches[b])
     funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
              for gv, f in mod.functions_items()}
     return tvm.IRModule(funcs, attrs=mod.attrs)
@@ -128,7 +181,7 @@ def optimise(mod) -> "tvm.IRModule":
     aborts on ``topk`` in 0.27) the graph stays NCHW, with one warning."""
     mod = tvm.transform.Sequential([
         relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant()])(mod)
+        relax.transform.FoldConstant()])(fold_pads(pairwise_reductions(mod)))
     mod = sink_reshapes(decompose_clip(mod))
     if "nn.conv2d" not in op_counts(mod):
         return mod

@@ -266,7 +266,7 @@ def _signature(anchor, bias, residual, post) -> LibraryOp | None:
     if anchor.op.name == "relax.nn.conv2d":
         a = anchor.attrs
         if (a.data_layout, a.kernel_layout, a.out_layout) != ("NHWC", "OHWI", "NHWC") or \
-                str(a.out_dtype) not in ("float32", ""):
+                (a.out_dtype is not None and str(a.out_dtype) not in ("float32", "")):   # None: the ONNX importer's
             return None
         top, left, bottom, right = (int(p) for p in a.padding)
         if (top, left) != (bottom, right):
