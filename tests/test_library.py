@@ -174,13 +174,55 @@ def test_the_final_build_is_the_fastest_whole_model_even_when_the_per_chain_choi
     def fake_time(ex, inputs, **_):             # builds are timed in order: generated, library, choice
         if id(ex) not in order:
             order.append(id(ex))
-        return [1.0, 3.0, 5.0][order.index(id(ex))]
+        return [1.0, 3.0, 5.0, 4.0][order.index(id(ex))]
     monkeypatch.setattr(C, "time_vm", fake_time)
     best = C.build_best(block, db, target, rounds=2)
-    assert [b.name for b in best.builds] == ["generated", "library", "choice"]
+    assert [b.name for b in best.builds] == ["generated", "library", "choice", "choice, serial glue"]
     assert best.best.name == "generated" and best.best.seconds == 1.0
     assert all(b.error < 1e-4 for b in best.builds)
     assert len(best.builds[1].library) == 4 and len(best.builds[2].library) == 3
+    assert best.builds[3].library == best.builds[2].library and best.builds[3].serial
+
+
+class DenseNorm(torch.nn.Module):
+    """A 33-MFLOP matmul, then a layer norm: one big kernel and one glue kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(256, 256) / 16)
+
+    def forward(self, x):
+        return F.layer_norm(x @ self.w, (256,))
+
+
+def test_serial_glue_drops_the_parallel_loops_of_glue_kernels_only(target):
+    """Records that parallelise every kernel (made by hand, so the test does not hang on what a
+    short tuning run happens to find): with ``serial`` the layer norm's loops are serial, the
+    matmul's stay parallel, and both builds match PyTorch."""
+    from tvm import s_tir
+    torch.manual_seed(0)
+    model = load_model(DenseNorm().eval(), input_shape=(256, 256))
+    fused = fuse(optimise(model.mod), target)
+    db = ms.database.MemoryDatabase()
+    for gv, func in fused.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        sch = s_tir.Schedule(mod)
+        for b in sch.get_child_blocks(sch.get_sblock("root")):
+            sch.parallel(sch.get_loops(b)[0])
+        db.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, db.commit_workload(mod), run_secs=[1e-3], target=target,
+            args_info=ms.arg_info.ArgInfo.from_prim_func(func)))
+
+    def parallel(serial):
+        lowered = C.lower_tuned(model, db, target, serial=serial)
+        return {re.sub(r"\d+$", "", gv.name_hint): "T.parallel" in f.script() for gv, f in lowered.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc)}
+    assert parallel(False) == {"matmul": True, "layer_norm": True}
+    assert parallel(True) == {"matmul": True, "layer_norm": False}
+    for serial in (False, True):
+        assert C.check(C.build_tuned(model, db, target, serial=serial), model) < 1e-4
 
 
 def test_scheduler_spends_less_on_a_task_the_library_already_beats():

@@ -76,14 +76,16 @@ def _key(gm, example_inputs) -> str:
     return f"graph-{h.hexdigest()}"
 
 
-def _saved_choice(folder: Path, optimised) -> dict | None:
-    """The per-chain choice a former call kept, as ``{LibraryOp: impl}``; None when there is none."""
+def _saved_choice(folder: Path, optimised) -> tuple[dict, bool] | None:
+    """The build a former call kept: its per-chain choice ``{LibraryOp: impl}`` and whether its glue
+    ran serially; None when there is none."""
     path = folder / CHOICE
     if not path.is_file():
         return None
     from .library import find_ops
-    saved = json.loads(path.read_text())["library"]
-    return {op: saved[repr(op)] for op in find_ops(optimised) if repr(op) in saved}
+    saved = json.loads(path.read_text())
+    return ({op: saved["library"][repr(op)] for op in find_ops(optimised) if repr(op) in saved["library"]},
+            bool(saved.get("serial")))
 
 
 def _compile(model, folder: Path, opts: dict):
@@ -93,16 +95,16 @@ def _compile(model, folder: Path, opts: dict):
     from .scheduler import MODEL_META, _write_json, tune_model
     from .target import parse_target
     target = parse_target(opts["target"])
-    library = _saved_choice(folder, optimise(model.mod))
-    if library is not None:                                 # a former call's build: measure nothing
-        ex = C.build_tuned(model, C.open_database(folder), target, library)
+    saved = _saved_choice(folder, optimise(model.mod))
+    if saved is not None:                                   # a former call's build: measure nothing
+        ex = C.build_tuned(model, C.open_database(folder), target, *saved)
         error = C.check(ex, model)
         return ex, f"rebuilt from {folder} (nothing measured), max error {error:.1e}"
     resume = (folder / MODEL_META).is_file()
     result = tune_model(model, target, trials=opts["trials"], strategy=opts["strategy"], work_dir=folder,
                         resume=resume, library=opts["library"])
     best = C.build_best(model, C.open_database(folder), target, library=opts["library"])
-    _write_json(folder / CHOICE, {"build": best.best.name, "seconds": best.best.seconds,
+    _write_json(folder / CHOICE, {"build": best.best.name, "seconds": best.best.seconds, "serial": best.best.serial,
                                   "library": {repr(op): impl for op, impl in best.best.library.items()}})
     return best.best.executable, (f"{result.new_trials} trials measured, {best.best.name} build "
                                   f"{best.best.seconds * 1e3:.3f} ms, max error {best.best.error:.1e}")
