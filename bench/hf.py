@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -138,6 +139,7 @@ def main(argv=None) -> int:
         for entry in args.entries:
             key, wd, log = f"{name}/{entry}", out / f"{name}-{entry}", out / f"{name}-{entry}.log"
             log.unlink(missing_ok=True)
+            shutil.rmtree(wd, ignore_errors=True)           # this script's own former run of the model
             if entry == "onnx":
                 spec, flags = str(out / f"{name}.onnx"), None
                 try:
