@@ -480,3 +480,28 @@ def test_tf_padding_and_relu6_reach_the_library_through_both_entry_points(entry,
     assert sorted(op.label for op in ops) == ["conv2d 8->16 1x1 s1 p0 @8x8", "conv2d 8->8 3x3 s1 p1 g8 @8x8+hardtanh"]
     ex = C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops})
     assert C.check(ex, m) < 1e-4
+
+
+@pytest.mark.parametrize("opset", [6, 13])
+def test_onnx_clip_with_attribute_or_input_bounds_imports_as_max_min(opset, tmp_path):
+    """``Clip``'s bounds are attributes before opset 11 and inputs since; both become
+    ``maximum``/``minimum`` (no opaque kernels) and compute what ONNX Runtime computes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from adaptune.graph import op_counts, optimise
+    if opset < 11:
+        clip, inits = helper.make_node("Clip", ["X"], ["Y"], min=-0.5, max=0.75), []
+    else:
+        clip = helper.make_node("Clip", ["X", "lo", "hi"], ["Y"])
+        inits = [numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
+                 numpy_helper.from_array(np.array(0.75, np.float32), "hi")]
+    graph = helper.make_graph([clip], "clip", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 8])], inits)
+    path = tmp_path / "clip.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    m = load_model(str(path))
+    counts = op_counts(optimise(m.mod))
+    assert counts["maximum"] == counts["minimum"] == 1 and not [k for k in counts if k.startswith("kernel:")], counts
+    x = [np.linspace(-2, 2, 16, dtype=np.float32).reshape(2, 8)]
+    assert C.check(C.build_untuned(m), m, x) == 0.0
+    assert np.allclose(m.reference(x)[0], np.clip(x[0], -0.5, 0.75))

@@ -322,7 +322,7 @@ def _onnx_simplify(proto, shapes: dict):
                                  skip_fusion_patterns=[p for p in DEFAULT_FUSION_PATTERNS if p != "FusionPadConv"])
     except Exception as e:          # simplification is an aid: TVM may still import the model
         logging.getLogger(__name__).debug("onnxslim failed (%s); importing the model as it is", _one_line(e))
-        return fixed
+        slim = fixed
     return _clip_as_max_min(slim)
 
 
@@ -347,13 +347,13 @@ def _clip_as_max_min(proto):
             attrs = {a.name: a.f for a in n.attribute}
             for j, key in enumerate(("min", "max")):
                 if key in attrs:
-                    bounds[j] = f"{n.output[0]}__{key}"
+                    bounds[j] = f"{n.output[0]}__clip_{key}"
                     extra.append(numpy_helper.from_array(np.array(attrs[key], np.float32), bounds[j]))
         x = n.input[0]
         for j, (op, b) in enumerate((("Max", bounds[0]), ("Min", bounds[1]))):
             if not b:
                 continue
-            out = f"{n.output[0]}__max" if op == "Max" and bounds[1] else n.output[0]
+            out = f"{n.output[0]}__clip_lower" if op == "Max" and bounds[1] else n.output[0]
             nodes.append(helper.make_node(op, [x, b], [out], name=f"{n.name or f'clip{k}'}_{op.lower()}"))
             x = out
         if x == n.input[0]:                                 # no bound at all: an identity
