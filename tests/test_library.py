@@ -134,14 +134,24 @@ def test_offloaded_model_matches_pytorch_and_only_layout_and_glue_stay_in_tvm(bl
     assert op_counts(C.lower_tuned(block, db, target)).get("call_pure_packed", 0) == 0
 
 
-def test_each_chain_maps_to_the_task_of_its_own_fused_kernel(block, target):
+def test_each_chain_maps_to_the_task_of_its_own_fused_kernel(block, target, empty_db, monkeypatch, capsys):
+    """... and the plan after tuning reuses the library timings tuning measured for the floors."""
     from adaptune.graph import extract_tasks
     optimised = optimise(block.mod)
     tasks, _ = extract_tasks(optimised, target)
-    floors = L.task_floors(optimised, tasks, target)
+    times = {}
+    floors = L.task_floors(optimised, tasks, target, times)
     names = {t.name for t in tasks}
     assert len(floors) == 4 and set(floors) <= names and all(s > 0 for s in floors.values())
     assert all(("conv2d" in n or "matmul" in n) for n in floors)
+
+    def no_second_timing(self, **kw):
+        raise AssertionError(f"{self.label} timed twice")
+    monkeypatch.setattr(L.LibraryOp, "time", no_second_timing)
+    choices = L.plan(optimised, C.open_database(empty_db), target, times)
+    assert "timed twice" not in capsys.readouterr().err and len([c for c in choices if c.library_s]) == 4
+    assert sorted(c.library_s for c in choices if c.library_s is not None) == sorted(
+        t for (op, impl), t in times.items() if impl == "onednn" and t is not None)
 
 
 def test_a_chain_oneDNN_rejects_falls_back_to_the_generated_kernel_with_one_warning(

@@ -119,10 +119,10 @@ def _library_summary(library: dict, chains: int | None = None) -> str:
     return f"{onednn}{of} conv/dense chains as fused oneDNN calls" + (f", {wino} as Winograd" if wino else "")
 
 
-def _build_best(args, model, target, db):
+def _build_best(args, model, target, db, library_times=None):
     from .compile import build_best
-    with _spinner("building and timing the tuned model (all generated, all library, per-chain choice)"):
-        best = build_best(model, db, target, library=not args.no_library)
+    with _spinner("building and timing the tuned model (all generated, all library, per-chain choice, serial glue)"):
+        best = build_best(model, db, target, library=not args.no_library, library_times=library_times)
     _choice_table(best)
     return best
 
@@ -210,7 +210,7 @@ def cmd_tune(args) -> int:
             ex0 = C.build_untuned(model, target)
             C.check(ex0, model)
         phases.start("tuned builds, check and timing")
-        best = _build_best(args, model, target, db)
+        best = _build_best(args, model, target, db, result.library_times)
     except NumericsError as e:
         return _fail(f"tuned model fails the numerical check: {e}", 1)
     gen = next(b for b in best.builds if b.name == "generated")

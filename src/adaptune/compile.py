@@ -114,15 +114,17 @@ class BestBuild:
     choices: list
 
 
-def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3) -> BestBuild:
+def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3,
+               library_times: dict | None = None) -> BestBuild:
     """Build the model all generated, with every chain oneDNN can run on oneDNN, and with the
     per-chain choice of ``library.plan`` (that one also with its glue kernels serial); check each
     against the reference; time them alternating, ``rounds`` times; keep the fastest (the final
-    model is never slower than either extreme)."""
+    model is never slower than either extreme).  ``library_times``: the chains' library timings this
+    run has measured already (``tune_model``'s), reused."""
     from .library import chosen, eligible, plan
     target = parse_target(target)
     inputs = inputs if inputs is not None else model.example_inputs()
-    choices = plan(optimise(model.mod), database, target) if library else []
+    choices = plan(optimise(model.mod), database, target, library_times) if library else []
     variants = [("generated", {}, False)]
     if choices:
         variants += [("library", eligible(choices), False), ("choice", chosen(choices), False)]

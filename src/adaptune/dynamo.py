@@ -103,7 +103,8 @@ def _compile(model, folder: Path, opts: dict):
     resume = (folder / MODEL_META).is_file()
     result = tune_model(model, target, trials=opts["trials"], strategy=opts["strategy"], work_dir=folder,
                         resume=resume, library=opts["library"])
-    best = C.build_best(model, C.open_database(folder), target, library=opts["library"])
+    best = C.build_best(model, C.open_database(folder), target, library=opts["library"],
+                        library_times=result.library_times)
     _write_json(folder / CHOICE, {"build": best.best.name, "seconds": best.best.seconds, "serial": best.best.serial,
                                   "library": {repr(op): impl for op, impl in best.best.library.items()}})
     return best.best.executable, (f"{result.new_trials} trials measured, {best.best.name} build "

@@ -574,41 +574,43 @@ def _chain_tasks(optimised, target):
         yield op, mod, extract_tasks(mod, target)[0]
 
 
-def _time_winograd(op: LibraryOp, chain_mod, target, repeat: int = 5) -> float | None:
-    """Seconds per call of the chain as Winograd F(4x4,3x3), built and run through the Relax VM;
-    None when it does not apply (or fails, with one warning line)."""
-    from . import winograd
+def _time_winograd(op: LibraryOp, chain_mod, target, repeat: int = 5) -> float:
+    """Seconds per call of the chain as Winograd F(4x4,3x3), built and run through the Relax VM."""
     from .compile import time_vm
     from .graph import fuse
-    if not winograd.supports(op):
-        return None
-    try:
-        ex = tvm.compile(fuse(offload(chain_mod, {op: "winograd"}), target), target=target)
-        rng = np.random.default_rng(0)
-        inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32")
-                  for p in chain_mod["main"].params]
-        return time_vm(ex, inputs, repeat=repeat, min_repeat_ms=100)
-    except Exception as e:                                  # noqa: BLE001 - any failure: keep the other paths
-        print(f"adaptune: warning: Winograd cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
-              "using oneDNN or the generated kernel", file=sys.stderr)
-        return None
+    ex = tvm.compile(fuse(offload(chain_mod, {op: "winograd"}), target), target=target)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in chain_mod["main"].params]
+    return time_vm(ex, inputs, repeat=repeat, min_repeat_ms=100)
 
 
-def _time_or_warn(op: LibraryOp, repeat: int = 5) -> float | None:
-    """The fused call's time, or None with one warning line when oneDNN rejects the chain."""
-    try:
-        return op.time(repeat=repeat)
-    except Exception as e:                                  # noqa: BLE001 - any failure of the vendor call
-        print(f"adaptune: warning: oneDNN cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
-              "using the generated kernel", file=sys.stderr)
-        return None
+def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None = None) -> float | None:
+    """Seconds per call of the chain on ``impl`` ("onednn": the fused call; "winograd"), or None
+    where it does not apply or fails (one warning line: the chain keeps its other paths).
+    ``times`` holds what this run measured already: tuning's ``task_floors`` and the build's
+    ``plan`` time each chain once between them."""
+    from . import winograd
+    times = {} if times is None else times
+    if (op, impl) not in times:
+        if impl == "winograd" and not winograd.supports(op):
+            times[op, impl] = None
+            return None
+        try:
+            times[op, impl] = op.time(repeat=5) if impl == "onednn" else _time_winograd(op, chain_mod, target)
+        except Exception as e:                              # noqa: BLE001 - any failure of a library path
+            name, rest = ("oneDNN", "the generated kernel") if impl == "onednn" else \
+                ("Winograd", "oneDNN or the generated kernel")
+            print(f"adaptune: warning: {name} cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
+                  f"using {rest}", file=sys.stderr)
+            times[op, impl] = None
+    return times[op, impl]
 
 
-def plan(optimised, database, target) -> list[Choice]:
+def plan(optimised, database, target, times: dict | None = None) -> list[Choice]:
     """Time each chain's fused library call and look up its tuned kernel (see module doc).
 
     A library call that raises (a shape or attribute oneDNN does not take) is reported in one
-    warning line and that chain stays generated."""
+    warning line and that chain stays generated.  ``times``: see ``library_time``."""
     from .measure import latency
     counts = find_ops(optimised)
     choices = []
@@ -619,23 +621,24 @@ def plan(optimised, database, target) -> list[Choice]:
             if rec is not None and rec.run_secs:
                 lats.append(latency(rec.run_secs))
         generated = sum(lats) if len(lats) == len(tasks) and lats else None
-        choices.append(Choice(op, counts.get(op, 0), _time_or_warn(op), generated, [t.name for t in tasks],
-                              _time_winograd(op, chain_mod, target)))
+        choices.append(Choice(op, counts.get(op, 0), library_time(op, "onednn", chain_mod, target, times), generated,
+                              [t.name for t in tasks], library_time(op, "winograd", chain_mod, target, times)))
     return choices
 
 
-def task_floors(optimised, tasks, target) -> dict[str, float]:
+def task_floors(optimised, tasks, target, times: dict | None = None) -> dict[str, float]:
     """Per task that computes exactly one library chain, the fused library call's time: what a
-    tuned kernel must beat to be used (the scheduler spends trials where generated code can win)."""
+    tuned kernel must beat to be used (the scheduler spends trials where generated code can win).
+    ``times``: see ``library_time``."""
     by_hash = {tvm_ffi.structural_hash(t.mod): t.name for t in tasks}
     floors = {}
     for op, chain_mod, chain_tasks in _chain_tasks(optimised, target):
         name = by_hash.get(tvm_ffi.structural_hash(chain_tasks[0].mod)) if len(chain_tasks) == 1 else None
         if name is not None and name not in floors:
-            times = [t for t in (_time_or_warn(op), _time_winograd(op, chain_mod, target))
+            found = [t for t in (library_time(op, impl, chain_mod, target, times) for impl in ("onednn", "winograd"))
                      if t is not None]
-            if times:
-                floors[name] = min(times)
+            if found:
+                floors[name] = min(found)
     return floors
 
 

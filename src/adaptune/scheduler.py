@@ -89,6 +89,7 @@ class ModelTuneResult:
     new_trials: int
     wall_time: float
     passes: dict = field(default_factory=dict)
+    library_times: dict = field(default_factory=dict)   # (LibraryOp, impl) -> s | None measured in this run
 
     def estimated_latency(self, tuned: bool = True) -> float:
         """Sum over tasks of weight x kernel latency (the model's kernel time, without VM overhead)."""
@@ -174,10 +175,11 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
         res = measurer.measure([t.mod for t in tasks])
         baselines = {t.name: r.latency for t, r in zip(tasks, res)}
         floors = None
+    library_times: dict = {}
     if library and floors is None:
         from .library import task_floors
         stage("timing oneDNN's fused calls for the tasks it covers")
-        floors = task_floors(optimised, tasks, target)
+        floors = task_floors(optimised, tasks, target, library_times)
     floors = floors if library else {}
     wd.mkdir(parents=True, exist_ok=True)
     for name in TVM_FILES:
@@ -247,4 +249,5 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
     untuned = [s.name for s in summaries if s.trials == 0]
     if untuned:
         log.warning("%d task(s) got no trials (budget too small): %s", len(untuned), ", ".join(untuned))
-    return ModelTuneResult(model.name, str(wd), summaries, used, used - done0, time.perf_counter() - t0, passes)
+    return ModelTuneResult(model.name, str(wd), summaries, used, used - done0, time.perf_counter() - t0, passes,
+                           library_times)
