@@ -410,7 +410,7 @@ def test_the_zoo_transformers_import_with_token_inputs_and_check():
 def test_a_transformers_epilogues_and_attention_softmax_become_library_calls(target):
     """PyTorch's 3-D Linear imports as reshape/matmul/add/reshape: ``graph.sink_reshapes`` moves
     the GELU and the residual add ahead of the reshape so oneDNN runs them in the dense call;
-    attention's scaled (and masked) softmax is one PyTorch call; ``graph.fuse`` gives the
+    attention's scaled (and masked) softmax is one PyTorch call, and so is each layer norm; ``graph.fuse`` gives the
     generated softmax TVM's fast form.  Both models match PyTorch with everything offloaded."""
     from adaptune import library as L
     from adaptune import zoo
@@ -429,6 +429,7 @@ def test_a_transformers_epilogues_and_attention_softmax_become_library_calls(tar
     # softmax between them with its scale and the attention mask (PyTorch's softmax)
     assert sorted(op.label for op in ops if op.kind == "bmm") == ["bmm 2x12x12 @ 2x12x16", "bmm 2x12x16 @ 2x16x12"]
     assert [op.label for op in ops if op.kind == "softmax"] == ["softmax 1x2x12x12 *0.25+mask"]
+    assert [op.label for op in ops if op.kind == "layer_norm"] == ["layer_norm 1x12x32"]     # PyTorch's too
     from adaptune._tvm import ms
     ex = C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops})
     ids, mask = m.example_inputs(seed=3)
@@ -438,6 +439,7 @@ def test_a_transformers_epilogues_and_attention_softmax_become_library_calls(tar
                      input_shape=(1, 3, 32, 32))
     ops = L.find_ops(optimise(vit.mod))
     assert [op.label for op in ops if op.kind == "softmax"] == ["softmax 1x2x17x17 *0.25"]     # no mask
+    assert [op.label for op in ops if op.kind == "layer_norm"] == ["layer_norm 1x17x32"]
     assert C.check(C.build_tuned(vit, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops}), vit) < 1e-4
 
 

@@ -39,6 +39,7 @@ CONV, CONV_ADD, LINEAR = "adaptune.onednn.conv2d", "adaptune.onednn.conv2d_add",
 LINEAR_ADD = "adaptune.onednn.linear_add"
 BMM = "adaptune.onednn.bmm"
 SOFTMAX, SOFTMAX_MASK = "adaptune.torch.softmax", "adaptune.torch.softmax_mask"
+LAYER_NORM = "adaptune.torch.layer_norm"
 
 _CALLS: dict = {}           # (kind, digest of op, weight and bias) -> what the call needs besides x
 
@@ -144,6 +145,15 @@ tvm_ffi.register_global_func(SOFTMAX, lambda x, scale: torch_softmax(x, scale), 
 tvm_ffi.register_global_func(SOFTMAX_MASK, lambda x, mask, scale: torch_softmax(x, scale, mask), override=True)
 
 
+@tvm_ffi.register_global_func(LAYER_NORM, override=True)
+def torch_layer_norm(x, gamma, beta, eps):
+    """A layer norm over the last axis: PyTorch's, on OpenMP's threads like the dense calls around
+    it (a transformer runs one before every attention and MLP block)."""
+    g = torch.from_dlpack(gamma)
+    return tvm.runtime.from_dlpack(torch.nn.functional.layer_norm(
+        torch.from_dlpack(x), g.shape, g, torch.from_dlpack(beta), float(eps)))
+
+
 def _shape(expr) -> tuple[int, ...]:
     return tuple(int(d) for d in expr.ty.shape)
 
@@ -151,12 +161,13 @@ def _shape(expr) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class LibraryOp:
     """One fusable chain's signature: kind, shapes, attributes and epilogue."""
-    kind: str                           # "conv2d" | "linear" | "bmm" | "softmax"
+    kind: str                           # "conv2d" | "linear" | "bmm" | "softmax" | "layer_norm"
     data: tuple[int, ...]               # conv2d: NHWC; linear: (..., in); bmm: (batch, m, k); softmax: x
     weight: tuple[int, ...]             # as the vendor op takes it: OIHW | (out, in); bmm: (batch, k, n);
-                                        # softmax: the mask's shape, () without one
+                                        # softmax: the mask's shape, () without one; layer_norm: (C,)
     out: tuple[int, ...]
-    attrs: tuple = ()                   # conv2d: (padding (h, w), strides, dilation, groups); softmax: (scale,)
+    attrs: tuple = ()                   # conv2d: (padding (h, w), strides, dilation, groups); softmax: (scale,);
+                                        # layer_norm: (eps,)
     residual: bool = False              # a residual tensor added before the post-op (softmax: the mask)
     post: str = "none"                  # unary post-op, scalars after colons ("hardtanh:0:6")
 
@@ -171,12 +182,16 @@ class LibraryOp:
             return f"bmm {'x'.join(map(str, self.data))} @ {'x'.join(map(str, self.weight))}"
         if self.kind == "softmax":
             return f"softmax {'x'.join(map(str, self.data))} *{self.attrs[0]:.4g}{'+mask' if self.residual else ''}"
+        if self.kind == "layer_norm":
+            return f"layer_norm {'x'.join(map(str, self.data))}"
         return f"linear {'x'.join(map(str, self.data))} -> {self.weight[0]}{tail}"
 
     @property
     def flops(self) -> float:
         if self.kind == "softmax":
             return 5.0 * np.prod(self.out)                   # scale, mask, max, exp, sum, divide
+        if self.kind == "layer_norm":
+            return 8.0 * np.prod(self.out)                   # mean, variance, normalise, scale, shift
         if self.kind == "conv2d":
             return 2.0 * np.prod(self.out) * np.prod(self.weight[1:])
         return 2.0 * np.prod(self.out) * self.weight[1]       # linear: in; bmm: k
@@ -189,6 +204,10 @@ class LibraryOp:
             x, mask = (tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in (self.data, self.weight))
             return time_callable(lambda: torch_softmax(x, self.attrs[0], mask if self.residual else None),
                                  repeat=repeat, min_repeat_ms=100)
+        if self.kind == "layer_norm":
+            x, g, b = (tvm.runtime.tensor(rng.standard_normal(s).astype("float32"))
+                       for s in (self.data, self.weight, self.weight))
+            return time_callable(lambda: torch_layer_norm(x, g, b, self.attrs[0]), repeat=repeat, min_repeat_ms=100)
         arrays = [rng.standard_normal(s).astype("float32") for s in (self.data, self.weight, (self.weight[0],), self.out)]
         x, w, b, other = (tvm.runtime.tensor(a) for a in arrays)
         if self.kind == "bmm":
@@ -320,6 +339,7 @@ def _patterns():
         out.append((is_op("relax.nn.softmax")(y), dict(softmax=True, x=x, scale=c, scaled=scaled,
                                                       mask=mask if mask_side is not None else None,
                                                       mask_add=y if mask_side is not None else None)))
+    out.append((is_op("relax.nn.layer_norm")(wildcard(), is_const(), is_const()), dict(layer_norm=True)))
     return out
 
 
@@ -361,9 +381,25 @@ def _softmax_chain(matched, matches, parts, single) -> _Chain | None:
     return _Chain(x, None, mask, [], op, (False, mask is not None and mask_add.args[0].same_as(mask)), scaled)
 
 
+def _layer_norm_chain(matched) -> _Chain | None:
+    """A float32 layer norm over the last axis with a constant scale and shift of that axis' size."""
+    a = matched.attrs
+    try:
+        data = _shape(matched.args[0])
+    except (TypeError, AttributeError):                     # symbolic or unknown shapes
+        return None
+    axes = [int(x) % len(data) for x in a.axes]
+    if axes != [len(data) - 1] or not (a.center and a.scale) or str(matched.args[0].ty.dtype) != "float32" or \
+            any(_shape(p) != (data[-1],) or str(p.ty.dtype) != "float32" for p in matched.args[1:3]):
+        return None
+    return _Chain(matched, None, None, [], LibraryOp("layer_norm", data, (data[-1],), data, (float(a.epsilon),)))
+
+
 def _chain(matched, matches, parts, single) -> _Chain | None:
     if parts.get("softmax"):
         return _softmax_chain(matched, matches, parts, single)
+    if parts.get("layer_norm"):
+        return _layer_norm_chain(matched)
     inner = [matches[parts[k]] for k in ("anchor", "bias_add", "res_add", "clip_max")
              if parts[k] is not None and parts[k] in matches]
     if any(not c.same_as(matched) and c not in single for c in inner):
@@ -447,6 +483,9 @@ def _packed_call(chain: _Chain) -> relax.Call:
         return relax.call_pure_packed(SOFTMAX, chain.anchor, scale, ty_args=chain.anchor.ty)
     if op.kind == "bmm":
         return relax.call_pure_packed(BMM, *chain.anchor.args, ty_args=chain.anchor.ty)
+    if op.kind == "layer_norm":
+        eps = relax.prim_value(tvm.tirx.FloatImm("float64", op.attrs[0]))
+        return relax.call_pure_packed(LAYER_NORM, *chain.anchor.args, eps, ty_args=chain.anchor.ty)
     w, b = _weight_bias(chain)
     consts = [relax.const(w), relax.const(np.ascontiguousarray(b))]
     tail = [relax.expr.String(op.post), relax.prim_value(_digest(op, w, b))]
@@ -505,6 +544,14 @@ def chain_modules(optimised) -> dict[LibraryOp, "tvm.IRModule"]:
                     if chain.op.residual:
                         y = bb.emit(relax.op.add(*((params[1], y) if chain.swapped[1] else (y, params[1]))))
                     gv = bb.emit_output(relax.op.nn.softmax(y, axis=-1))
+                bb.emit_func_output(gv)
+            mods[chain.op] = bb.get()
+            return _packed_call(chain)
+        if chain.op.kind == "layer_norm":
+            x = relax.Var("x", chain.anchor.args[0].ty)
+            with bb.function("main", [x]):
+                with bb.dataflow():
+                    gv = bb.emit_output(relax.Call(chain.anchor.op, [x, *chain.anchor.args[1:]], chain.anchor.attrs))
                 bb.emit_func_output(gv)
             mods[chain.op] = bb.get()
             return _packed_call(chain)
