@@ -507,3 +507,21 @@ def test_onnx_clip_with_attribute_or_input_bounds_imports_as_max_min(opset, tmp_
     x = [np.linspace(-2, 2, 16, dtype=np.float32).reshape(2, 8)]
     assert C.check(C.build_untuned(m), m, x) == 0.0
     assert np.allclose(m.reference(x)[0], np.clip(x[0], -0.5, 0.75))
+
+
+def test_an_onnx_gelu_written_out_becomes_the_dense_calls_post_op(tmp_path, target):
+    """The TorchScript exporter writes GELU as Div, Erf, Add, Mul, Mul; ``graph.recognise_gelu``
+    makes it a ``gelu`` again, which the dense chain takes as oneDNN's post-op."""
+    from adaptune import library as L
+    from adaptune._tvm import ms
+    from adaptune.graph import op_counts, optimise
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(16, 24), nn.GELU(), nn.Linear(24, 8)).eval()
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(module, (torch.randn(4, 16),), str(path), dynamo=False, input_names=["x"])
+    m = load_model(str(path))
+    counts = op_counts(optimise(m.mod))
+    assert counts["nn.gelu"] == 1 and "erf" not in counts, counts
+    ops = L.find_ops(optimise(m.mod))
+    assert sorted(op.label for op in ops) == ["linear 4x16 -> 24+gelu", "linear 4x24 -> 8"]
+    assert C.check(C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops}), m) < 1e-4

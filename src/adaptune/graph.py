@@ -55,7 +55,8 @@ def op_counts(mod) -> Counter:
     return counts
 
 
-GRAPH_PASSES = ("PairwiseReductions", "FoldPads", "FoldBatchnormToConv2D", "DecomposeOpsForInference", "FoldConstant", "DecomposeClip",
+GRAPH_PASSES = ("PairwiseReductions", "FoldPads", "RecogniseGelu", "FoldBatchnormToConv2D",
+                "DecomposeOpsForInference", "FoldConstant", "DecomposeClip", "SinkReshapes",
                 "ConvertLayout(NHWC)", "FoldConstant")
 LAYOUT = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
@@ -127,6 +128,33 @@ def pairwise_reductions(mod) -> "tvm.IRModule":
     return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
+def recognise_gelu(mod) -> "tvm.IRModule":
+    """``x * (erf(x / sqrt 2) + 1) * 0.5`` -> ``gelu(x)``: an ONNX export before opset 20 writes
+    GELU out as Div, Erf, Add, Mul, Mul (BERT, ViT, ConvNeXt), five kernels' worth of elementwise
+    work that oneDNN takes as one post-op of the dense call once it is a ``gelu`` again."""
+    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+    x, c_in, one, half = wildcard(), is_const(), is_const(), is_const()
+    erf = is_op("relax.erf")(is_op("relax.divide")(x, c_in) | is_op("relax.multiply")(x, c_in))
+    t = is_op("relax.add")(erf, one) | is_op("relax.add")(one, erf)
+    xt = is_op("relax.multiply")(x, t) | is_op("relax.multiply")(t, x)
+    pattern = is_op("relax.multiply")(xt, half) | is_op("relax.multiply")(half, xt)
+
+    def value(c):
+        a = c.value.numpy()
+        return float(a.reshape(())) if a.size == 1 else float("nan")
+
+    def rewriter(call, matches):
+        scale = value(matches[c_in])
+        by = scale if matches[erf].args[0].op.name == "relax.divide" else 1.0 / scale if scale else 0.0
+        if abs(by - 2 ** 0.5) > 1e-4 or value(matches[one]) != 1.0 or value(matches[half]) != 0.5:
+            return call
+        return relax.op.nn.gelu(matches[x])
+    funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
+             for gv, f in mod.functions_items()}
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
 UNARY_ELEMENTWISE = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid", "relax.tanh",
                      "relax.nn.silu")
 
@@ -181,7 +209,7 @@ def optimise(mod) -> "tvm.IRModule":
     aborts on ``topk`` in 0.27) the graph stays NCHW, with one warning."""
     mod = tvm.transform.Sequential([
         relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant()])(fold_pads(pairwise_reductions(mod)))
+        relax.transform.FoldConstant()])(recognise_gelu(fold_pads(pairwise_reductions(mod))))
     mod = sink_reshapes(decompose_clip(mod))
     if "nn.conv2d" not in op_counts(mod):
         return mod
