@@ -105,6 +105,8 @@ class _Positional(torch.nn.Module):
 def export_onnx(name: str, path: Path) -> list[str]:
     """Export the model to ``path`` (static shapes); the ``--input`` flags its ONNX inputs need."""
     module, inputs = MODELS[name]()
+    if getattr(module.config, "use_cache", False):     # a decoder exported for one pass: no key/value cache
+        module.config.use_cache = False
     names = list(inputs) if isinstance(inputs, dict) else ["pixel_values"]
     args = tuple(inputs.values()) if isinstance(inputs, dict) else inputs
     torch.onnx.export(_Positional(module, names), args, str(path), dynamo=False, input_names=names)

@@ -525,3 +525,27 @@ def test_an_onnx_gelu_written_out_becomes_the_dense_calls_post_op(tmp_path, targ
     ops = L.find_ops(optimise(m.mod))
     assert sorted(op.label for op in ops) == ["linear 4x16 -> 24+gelu", "linear 4x24 -> 8"]
     assert C.check(C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops}), m) < 1e-4
+
+
+def test_a_tiny_transformers_gpt2_as_it_comes_loads_and_its_mlp_is_library_calls(capsys, target):
+    """GPT-2 returns a key/value cache unless told not to (its growth does not import into TVM):
+    adaptune says so in one line and runs it with ``use_cache=False``.  Its GELU, written out in
+    tanh form, becomes the dense call's post-op (``graph.recognise_gelu``); all-library matches."""
+    transformers = pytest.importorskip("transformers")
+    from adaptune import library as L
+    from adaptune._tvm import ms
+    from adaptune.graph import optimise
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=16,
+                                  bos_token_id=0, eos_token_id=0)
+    mask = torch.ones(1, 8, dtype=torch.long)
+    mask[0, 6:] = 0
+    m = load_model(transformers.GPT2Model(cfg).eval(),
+                   inputs=[InputSpec("input_ids", (1, 8), "int64"), InputSpec("attention_mask", (1, 8), "int64")])
+    assert "use_cache=False" in capsys.readouterr().err
+    ops = L.find_ops(optimise(m.mod))
+    assert "linear 8x32 -> 128+gelu_tanh" in {op.label for op in ops}
+    ids, mask = m.example_inputs(seed=2)
+    mask[0, 6:] = 0
+    ex = C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops})
+    assert C.check(ex, m, [ids, mask]) < 1e-4

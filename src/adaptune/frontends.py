@@ -185,6 +185,20 @@ def _register_dataclasses(out) -> None:
             torch.export.register_dataclass(cls)
 
 
+def _without_cache(module, kwargs: dict) -> None:
+    """A ``transformers`` decoder (GPT-2) returns a key/value cache unasked; the cache is for
+    step-by-step generation, one forward pass does not need it, and its growth (a concat onto an
+    empty tensor) does not import into TVM.  So its config's ``use_cache`` is switched off, said in
+    one line (the module is what adaptune compiles and checks against; a ``use_cache`` the user
+    passes is kept)."""
+    cfg = getattr(module, "config", None)
+    if type(module).__module__.startswith("transformers.") and "use_cache" not in kwargs and \
+            getattr(cfg, "use_cache", False) is True:
+        print(f"adaptune: note: {type(module).__name__} runs with config.use_cache=False (one forward pass, "
+              "no key/value cache for generation)", file=sys.stderr)
+        cfg.use_cache = False
+
+
 def _one_line(e: Exception, limit: int = 300) -> str:
     return " ".join(str(e).split())[:limit] or type(e).__name__
 
@@ -259,6 +273,7 @@ def _from_torch(module, args, kwargs, name: str, kind: str, source: str, given: 
     if not isinstance(module, torch.nn.Module):
         raise ModelError(f"{source}: not a torch.nn.Module (got {type(module).__name__})")
     module = module.eval()
+    _without_cache(module, kwargs)
     try:
         with torch.no_grad(), _quiet():
             out = module(*args, **kwargs)

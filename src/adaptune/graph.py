@@ -131,7 +131,8 @@ def pairwise_reductions(mod) -> "tvm.IRModule":
 def recognise_gelu(mod) -> "tvm.IRModule":
     """``x * (erf(x / sqrt 2) + 1) * 0.5`` -> ``gelu(x)``: an ONNX export before opset 20 writes
     GELU out as Div, Erf, Add, Mul, Mul (BERT, ViT, ConvNeXt), five kernels' worth of elementwise
-    work that oneDNN takes as one post-op of the dense call once it is a ``gelu`` again."""
+    work that oneDNN takes as one post-op of the dense call once it is a ``gelu`` again.  Likewise
+    GPT-2's tanh approximation, written out in its PyTorch code, -> ``gelu_tanh(x)``."""
     from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
     x, c_in, one, half = wildcard(), is_const(), is_const(), is_const()
@@ -150,8 +151,25 @@ def recognise_gelu(mod) -> "tvm.IRModule":
         if abs(by - 2 ** 0.5) > 1e-4 or value(matches[one]) != 1.0 or value(matches[half]) != 0.5:
             return call
         return relax.op.nn.gelu(matches[x])
-    funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
-             for gv, f in mod.functions_items()}
+    # GPT-2's gelu_new: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))
+    y, three, k, s2pi, one_t, half_t = wildcard(), is_const(), is_const(), is_const(), is_const(), is_const()
+    cube = is_op("relax.multiply")(is_op("relax.power")(y, three), k) | \
+        is_op("relax.multiply")(k, is_op("relax.power")(y, three))
+    inner = is_op("relax.add")(y, cube) | is_op("relax.add")(cube, y)
+    th = is_op("relax.tanh")(is_op("relax.multiply")(inner, s2pi) | is_op("relax.multiply")(s2pi, inner))
+    u = is_op("relax.add")(th, one_t) | is_op("relax.add")(one_t, th)
+    hy = is_op("relax.multiply")(y, half_t) | is_op("relax.multiply")(half_t, y)
+    tanh_form = is_op("relax.multiply")(hy, u) | is_op("relax.multiply")(u, hy)
+
+    def tanh_rewriter(call, matches):
+        want = {three: 3.0, k: 0.044715, s2pi: (2 / 3.141592653589793) ** 0.5, one_t: 1.0, half_t: 0.5}
+        if any(abs(value(matches[c]) - v) > 1e-5 for c, v in want.items()):
+            return call
+        return relax.op.nn.gelu_tanh(matches[y])
+
+    def each(f):
+        return rewrite_call(tanh_form, tanh_rewriter, rewrite_call(pattern, rewriter, f))
+    funcs = {gv: each(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions_items()}
     return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
