@@ -549,3 +549,31 @@ def test_a_tiny_transformers_gpt2_as_it_comes_loads_and_its_mlp_is_library_calls
     mask[0, 6:] = 0
     ex = C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops})
     assert C.check(ex, m, [ids, mask]) < 1e-4
+
+
+class Heads(nn.Module):
+    """Attention with the heads as a fourth axis, as an ONNX export keeps it, written out and as SDPA."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = (t.reshape(1, 6, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, dim=-1))
+        p = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1)
+        o = nn.functional.scaled_dot_product_attention(q, k, v)       # exported as scaled q and k, plain softmax
+        return (p @ v + o).transpose(1, 2).reshape(1, 6, 16)
+
+
+def test_onnx_attention_with_four_axis_matmuls_is_library_calls(tmp_path, target):
+    from adaptune import library as L
+    from adaptune._tvm import ms
+    from adaptune.graph import optimise
+    torch.manual_seed(0)
+    path = tmp_path / "heads.onnx"
+    torch.onnx.export(Heads().eval(), (torch.randn(1, 6, 16),), str(path), dynamo=False, input_names=["x"])
+    m = load_model(str(path))
+    ops = L.find_ops(optimise(m.mod))
+    labels = sorted(op.label for op in ops if op.kind in ("bmm", "softmax"))
+    assert labels == ["bmm 1x2x6x6 @ 1x2x6x8", "bmm 1x2x6x8 @ 1x2x8x6", "softmax 1x2x6x6", "softmax 1x2x6x6 *0.25"], labels
+    assert C.check(C.build_tuned(m, ms.database.MemoryDatabase(), target, {op: "onednn" for op in ops}), m) < 1e-4

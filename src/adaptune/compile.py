@@ -117,7 +117,7 @@ class BestBuild:
 def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3,
                library_times: dict | None = None) -> BestBuild:
     """Build the model all generated, with every chain oneDNN can run on oneDNN, and with the
-    per-chain choice of ``library.plan`` (that one also with its glue kernels serial); check each
+    per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check each
     against the reference; time them alternating, ``rounds`` times; keep the fastest (the final
     model is never slower than either extreme).  ``library_times``: the chains' library timings this
     run has measured already (``tune_model``'s), reused."""
@@ -127,15 +127,14 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     choices = plan(optimise(model.mod), database, target, library_times) if library else []
     variants = [("generated", {}, False)]
     if choices:
-        variants += [("library", eligible(choices), False), ("choice", chosen(choices), False)]
-        if chosen(choices):
-            variants.append(("choice, serial glue", chosen(choices), True))
+        variants += [("library", eligible(choices), False), ("choice", chosen(choices), False),
+                     ("library, serial glue", eligible(choices), True), ("choice, serial glue", chosen(choices), True)]
     builds, seen = [], {}
     for name, ops, serial in variants:
         key = (frozenset(ops.items()), serial)
-        if key in seen:
+        if key in seen or (serial and not ops):
             continue
-        if serial and (frozenset(ops.items()), False) in seen:
+        if serial:
             name = f"{seen[(frozenset(ops.items()), False)]}, serial glue"
         seen[key] = name
         ex = build_tuned(model, database, target, ops, serial)

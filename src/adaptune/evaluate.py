@@ -132,7 +132,7 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
     contenders["tvm-untuned"] = (_vm_runner(ex0, inputs), C.check(ex0, model, inputs), "")
     best = None
     if database is not None:
-        stage("building the tuned model four ways (generated, library, per-chain choice, choice with serial glue)")
+        stage("building the tuned model up to five ways (generated, library, per-chain choice, both with serial glue)")
         best = C.build_best(model, database, target, library=library, inputs=inputs)
         gen = next(b for b in best.builds if b.name == "generated")
         contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, "")

@@ -126,18 +126,23 @@ def onednn_linear_add(x, other, w, b, key):
 
 @tvm_ffi.register_global_func(BMM, override=True)
 def torch_bmm(a, b):
-    """A batched matmul of two activations (attention's q @ k^T and p @ v): ``torch.bmm``, which
-    runs it on oneDNN or MKL as PyTorch chooses; both operands arrive through DLPack, no copy."""
-    return tvm.runtime.from_dlpack(torch.bmm(torch.from_dlpack(a), torch.from_dlpack(b)))
+    """A batched matmul of two activations (attention's q @ k^T and p @ v; an ONNX export keeps
+    the heads as a fourth axis): ``torch.matmul``, which runs it as one batched GEMM on oneDNN or
+    MKL as PyTorch chooses; both operands arrive through DLPack, no copy."""
+    return tvm.runtime.from_dlpack(torch.matmul(torch.from_dlpack(a), torch.from_dlpack(b)))
 
 
 def torch_softmax(x, scale, mask=None):
     """softmax(x * scale (+ mask)) over the last axis (attention's scores; ``mask`` broadcasts):
     PyTorch's vectorised ops on a tensor of our own, so TVM's pool does not wake between the
     batched matmuls PyTorch runs on either side."""
-    t = torch.from_dlpack(x).mul(float(scale))
-    if mask is not None:
-        t.add_(torch.from_dlpack(mask))
+    t = torch.from_dlpack(x)
+    if float(scale) != 1.0:
+        t = t.mul(float(scale))
+        if mask is not None:
+            t.add_(torch.from_dlpack(mask))
+    elif mask is not None:
+        t = t.add(torch.from_dlpack(mask))                  # not in place: x is the model's tensor
     return tvm.runtime.from_dlpack(torch.softmax(t, -1))
 
 
@@ -162,8 +167,8 @@ def _shape(expr) -> tuple[int, ...]:
 class LibraryOp:
     """One fusable chain's signature: kind, shapes, attributes and epilogue."""
     kind: str                           # "conv2d" | "linear" | "bmm" | "softmax" | "layer_norm"
-    data: tuple[int, ...]               # conv2d: NHWC; linear: (..., in); bmm: (batch, m, k); softmax: x
-    weight: tuple[int, ...]             # as the vendor op takes it: OIHW | (out, in); bmm: (batch, k, n);
+    data: tuple[int, ...]               # conv2d: NHWC; linear: (..., in); bmm: (batch..., m, k); softmax: x
+    weight: tuple[int, ...]             # as the vendor op takes it: OIHW | (out, in); bmm: (batch..., k, n);
                                         # softmax: the mask's shape, () without one; layer_norm: (C,)
     out: tuple[int, ...]
     attrs: tuple = ()                   # conv2d: (padding (h, w), strides, dilation, groups); softmax: (scale,);
@@ -181,7 +186,8 @@ class LibraryOp:
         if self.kind == "bmm":
             return f"bmm {'x'.join(map(str, self.data))} @ {'x'.join(map(str, self.weight))}"
         if self.kind == "softmax":
-            return f"softmax {'x'.join(map(str, self.data))} *{self.attrs[0]:.4g}{'+mask' if self.residual else ''}"
+            scale = f" *{self.attrs[0]:.4g}" if self.attrs[0] != 1.0 else ""
+            return f"softmax {'x'.join(map(str, self.data))}{scale}{'+mask' if self.residual else ''}"
         if self.kind == "layer_norm":
             return f"layer_norm {'x'.join(map(str, self.data))}"
         return f"linear {'x'.join(map(str, self.data))} -> {self.weight[0]}{tail}"
@@ -194,7 +200,7 @@ class LibraryOp:
             return 8.0 * np.prod(self.out)                   # mean, variance, normalise, scale, shift
         if self.kind == "conv2d":
             return 2.0 * np.prod(self.out) * np.prod(self.weight[1:])
-        return 2.0 * np.prod(self.out) * self.weight[1]       # linear: in; bmm: k
+        return 2.0 * np.prod(self.out) * (self.weight[-2] if self.kind == "bmm" else self.weight[1])   # k; in
 
     def time(self, *, repeat: int = 5) -> float:
         """Seconds per call of the fused library kernel, through the DLPack path the model uses."""
@@ -301,7 +307,7 @@ def _signature(anchor, bias, residual, post) -> LibraryOp | None:
         return None
     if residual is not None:
         return None
-    if len(data) == len(weight) == 3 and data[0] == weight[0] and bias is None and not post:
+    if len(data) == len(weight) >= 3 and data[:-2] == weight[:-2] and bias is None and not post:
         return LibraryOp("bmm", data, weight, out)
     return None
 
@@ -331,14 +337,16 @@ def _patterns():
     out.append((is_op("relax.matmul")(wildcard(), wildcard()), None))       # two activations: bmm
     out = [(p, parts or dict(anchor=p, bias=None, bias_add=None, residual=None, res_add=None, post=False,
                              clip_max=None)) for p, parts in out]
-    for mask_side in (0, 1, None):                  # attention's scores: softmax(x * scale (+ mask))
-        x, c, mask = wildcard(), is_const(), wildcard()
-        y = scaled = is_op("relax.divide")(x, c) | is_op("relax.multiply")(x, c)
-        if mask_side is not None:
-            y = is_op("relax.add")(*((scaled, mask) if mask_side == 0 else (mask, scaled)))
-        out.append((is_op("relax.nn.softmax")(y), dict(softmax=True, x=x, scale=c, scaled=scaled,
-                                                      mask=mask if mask_side is not None else None,
-                                                      mask_add=y if mask_side is not None else None)))
+    for has_scale, sides in ((True, (0, 1, None)), (False, (0, None))):   # softmax(x (* scale) (+ mask))
+        for mask_side in sides:                     # (an ONNX export of SDPA scales q and k instead)
+            x, c, mask = wildcard(), is_const(), wildcard()
+            y = scaled = is_op("relax.divide")(x, c) | is_op("relax.multiply")(x, c) if has_scale else x
+            if mask_side is not None:
+                y = is_op("relax.add")(*((scaled, mask) if mask_side == 0 else (mask, scaled)))
+            out.append((is_op("relax.nn.softmax")(y), dict(softmax=True, x=x, scale=c if has_scale else None,
+                                                          scaled=scaled if has_scale else None,
+                                                          mask=mask if mask_side is not None else None,
+                                                          mask_add=y if mask_side is not None else None)))
     out.append((is_op("relax.nn.layer_norm")(wildcard(), is_const(), is_const()), dict(layer_norm=True)))
     return out
 
@@ -361,22 +369,25 @@ def _single_use(func) -> set:
 
 
 def _softmax_chain(matched, matches, parts, single) -> _Chain | None:
-    """A softmax over the last axis of ``x * scale (+ mask)``, float32, scale a scalar constant."""
-    scaled, mask = matches[parts["scaled"]], matches[parts["mask"]] if parts["mask"] is not None else None
+    """A softmax over the last axis of ``x (* scale) (+ mask)``, float32, scale a scalar constant,
+    ``x`` of the output's shape (the mask may broadcast)."""
+    scaled = matches[parts["scaled"]] if parts["scaled"] is not None else None
+    mask = matches[parts["mask"]] if parts["mask"] is not None else None
     mask_add = matches[parts["mask_add"]] if mask is not None else None
-    if any(c not in single for c in [scaled] + ([mask_add] if mask is not None else [])):
+    if any(c is not None and c not in single for c in (scaled, mask_add)):
         return None
-    x, c = matches[parts["x"]], matches[parts["scale"]].value.numpy()
+    x = matches[parts["x"]]
     try:
         data, out = _shape(x), _shape(matched)
         mask_shape = _shape(mask) if mask is not None else ()
     except (TypeError, AttributeError):                     # symbolic or unknown shapes
         return None
+    c = matches[parts["scale"]].value.numpy() if scaled is not None else np.ones(1)
     value = float(c.reshape(())) if c.size == 1 else 0.0
-    if int(matched.attrs.axis) not in (-1, len(out) - 1) or value == 0.0 or \
+    if int(matched.attrs.axis) not in (-1, len(out) - 1) or value == 0.0 or data != out or \
             any(str(e.ty.dtype) != "float32" for e in [x, matched] + ([mask] if mask is not None else [])):
         return None
-    scale = value if scaled.op.name == "relax.multiply" else 1.0 / value
+    scale = 1.0 / value if scaled is not None and scaled.op.name == "relax.divide" else value
     op = LibraryOp("softmax", data, mask_shape, out, (scale,), mask is not None)
     return _Chain(x, None, mask, [], op, (False, mask is not None and mask_add.args[0].same_as(mask)), scaled)
 
@@ -540,7 +551,8 @@ def chain_modules(optimised) -> dict[LibraryOp, "tvm.IRModule"]:
             params = [relax.Var("x", chain.anchor.ty)] + ([relax.Var("m", chain.residual.ty)] if chain.op.residual else [])
             with bb.function("main", params):
                 with bb.dataflow():
-                    y = bb.emit(relax.Call(chain.scaled.op, [params[0], chain.scaled.args[1]], chain.scaled.attrs))
+                    y = params[0] if chain.scaled is None else \
+                        bb.emit(relax.Call(chain.scaled.op, [params[0], chain.scaled.args[1]], chain.scaled.attrs))
                     if chain.op.residual:
                         y = bb.emit(relax.op.add(*((params[1], y) if chain.swapped[1] else (y, params[1]))))
                     gv = bb.emit_output(relax.op.nn.softmax(y, axis=-1))
