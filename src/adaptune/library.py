@@ -7,7 +7,8 @@ NCHWc fusions): in the model's NHWC graph (``graph.optimise``) every convolution
 ``torch.ops.mkldnn._convolution_pointwise`` or ``_linear_pointwise`` (their ``.binary`` forms for
 the residual), whose weight is reordered to oneDNN's blocked layout once (at the first call,
 cached by the weight's content and the call's attributes) instead of on every call.  A batched
-matmul of two activations (attention's ``q @ k^T`` and ``p @ v``) can become one ``torch.bmm``.  NHWC tensors
+matmul of two activations (attention's ``q @ k^T`` and ``p @ v``) can become one ``torch.matmul``,
+attention's softmax and a layer norm one PyTorch call each.  NHWC tensors
 are what oneDNN calls channels-last NCHW, so activations pass through DLPack with no copy.
 
 * ``find_ops``: the fusable chains of the NHWC graph, as ``LibraryOp`` signatures with call counts;
@@ -18,8 +19,8 @@ are what oneDNN calls channels-last NCHW, so activations pass through DLPack wit
 
 The packed functions are registered when this module is imported (``compile.load`` imports it, so
 an exported library that calls oneDNN loads and runs in a fresh process).  ``compile.build_best``
-then times the whole model built three ways and keeps the fastest (the choice is checked on the
-whole model, not only per kernel).
+then times the whole model built up to five ways and keeps the fastest (the choice is checked on
+the whole model, not only per kernel).
 """
 from __future__ import annotations
 
