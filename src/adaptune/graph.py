@@ -61,6 +61,12 @@ GRAPH_PASSES = ("PairwiseReductions", "FoldPads", "RecogniseGelu", "FoldBatchnor
 LAYOUT = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
 
+def _each_function(mod, rewrite) -> "tvm.IRModule":
+    """``mod`` with ``rewrite`` applied to each of its Relax functions (PrimFuncs as they are)."""
+    return tvm.IRModule({gv: rewrite(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions_items()},
+                        attrs=mod.attrs)
+
+
 def decompose_clip(mod) -> "tvm.IRModule":
     """``clip(x, lo, hi)`` -> ``minimum(maximum(x, lo), hi)``: Relax's ``clip`` has no layout
     inference, so ConvertLayout would wrap every ReLU6 in two transposes (MobileNetV2: 70)."""
@@ -71,9 +77,7 @@ def decompose_clip(mod) -> "tvm.IRModule":
         dtype = str(x.ty.dtype)
         return relax.op.minimum(relax.op.maximum(x, relax.const(lo, dtype)), relax.const(hi, dtype))
     pattern = is_op("relax.clip")(wildcard(), wildcard(), wildcard())
-    funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
-             for gv, f in mod.functions_items()}
-    return tvm.IRModule(funcs, attrs=mod.attrs)
+    return _each_function(mod, lambda f: rewrite_call(pattern, rewriter, f))
 
 
 def fold_pads(mod) -> "tvm.IRModule":
@@ -100,9 +104,7 @@ def fold_pads(mod) -> "tvm.IRModule":
         padding = (top + widths[2 * h], left + widths[2 * w], bottom + widths[2 * h + 1], right + widths[2 * w + 1])
         return relax.op.nn.conv2d(matches[pad].args[0], call.args[1], a.strides, padding, a.dilation, a.groups,
                                   a.data_layout, a.kernel_layout, a.out_layout, a.out_dtype)
-    funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
-             for gv, f in mod.functions_items()}
-    return tvm.IRModule(funcs, attrs=mod.attrs)
+    return _each_function(mod, lambda f: rewrite_call(pattern, rewriter, f))
 
 
 def pairwise_reductions(mod) -> "tvm.IRModule":
@@ -123,9 +125,7 @@ def pairwise_reductions(mod) -> "tvm.IRModule":
                 call.attrs.keepdims:
             return call
         return binary[call.op.name](matches[a], matches[b])
-    funcs = {gv: rewrite_call(pattern, rewriter, f) if isinstance(f, relax.Function) else f
-             for gv, f in mod.functions_items()}
-    return tvm.IRModule(funcs, attrs=mod.attrs)
+    return _each_function(mod, lambda f: rewrite_call(pattern, rewriter, f))
 
 
 def recognise_gelu(mod) -> "tvm.IRModule":
@@ -169,8 +169,7 @@ def recognise_gelu(mod) -> "tvm.IRModule":
 
     def each(f):
         return rewrite_call(tanh_form, tanh_rewriter, rewrite_call(pattern, rewriter, f))
-    funcs = {gv: each(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions_items()}
-    return tvm.IRModule(funcs, attrs=mod.attrs)
+    return _each_function(mod, each)
 
 
 UNARY_ELEMENTWISE = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid", "relax.tanh",
@@ -216,8 +215,7 @@ def sink_reshapes(mod) -> "tvm.IRModule":
 
     def each(f):
         return rewrite_call(add, residual_rewriter, rewrite_call(pattern, rewriter, f))
-    funcs = {gv: each(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions_items()}
-    return relax.transform.RemoveRedundantReshape()(tvm.IRModule(funcs, attrs=mod.attrs))
+    return relax.transform.RemoveRedundantReshape()(_each_function(mod, each))
 
 
 def optimise(mod) -> "tvm.IRModule":
