@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from adaptune import tune_tir
-from adaptune._build import fast_build
+from adaptune.measure.build import fast_build
 from adaptune._tvm import ms
-from adaptune.cli import check_numerics
-from adaptune.database import RECORDS
-from adaptune.measure import MeasureResult, Measurer
-from adaptune.space import space_generator
-from adaptune.strategies import make_strategy
+from adaptune.cli.ops import check_numerics
+from adaptune.measure.records import RECORDS
+from adaptune.measure.run import MeasureResult, Measurer
+from adaptune.search.knobs import space_generator
+from adaptune.search.strategies import make_strategy
 
 
 @dataclass
@@ -139,8 +139,8 @@ def ms_search_seconds(log: Path) -> tuple[float, int]:
 
 def cost_model_speed(wl, target, n=10_000, repeats=5) -> tuple[float, float]:
     """Seconds to score ``n`` configs with a trained cost model: (median, fit time)."""
-    from adaptune.cost_model import CostModel
-    from adaptune.space import KnobSpace
+    from adaptune.search.cost_model import CostModel
+    from adaptune.search.space import KnobSpace
 
     space = KnobSpace(wl.mod(), target)
     rng = np.random.default_rng(0)

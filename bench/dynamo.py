@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adaptune import compile as C
-from adaptune import measure
-from adaptune.frontends import load_model
+from adaptune.measure import run as measure
+from adaptune.model.frontends import load_model
+from adaptune.model.timing import time_callable
 
 
 def _compile(module, work_dir: Path, trials: int):
@@ -34,7 +34,7 @@ def _compile(module, work_dir: Path, trials: int):
 def _max_error(got, want) -> float:
     from torch.utils._pytree import tree_leaves
 
-    from adaptune.verify import output_scale
+    from adaptune.measure.verify import output_scale
     pairs = list(zip(tree_leaves(got), tree_leaves(want)))
     return max(float((g - w).abs().max()) / output_scale(w.numpy()) for g, w in pairs)
 
@@ -67,8 +67,8 @@ def run(name: str, trials: int, out: Path, rounds: int) -> dict:
         assert error2 < 1e-3
         times = {"eager": [], "adaptune": []}
         for _ in range(rounds):
-            times["eager"].append(C.time_callable(lambda: module(*args, **kwargs), repeat=5))
-            times["adaptune"].append(C.time_callable(lambda: again(*args, **kwargs), repeat=5))
+            times["eager"].append(time_callable(lambda: module(*args, **kwargs), repeat=5))
+            times["adaptune"].append(time_callable(lambda: again(*args, **kwargs), repeat=5))
     row = {"model": name, "trials": trials, "first_compile_s": first_s, "second_compile_s": second_s,
            "max_error": max(error, error2), "eager_ms": float(np.median(times["eager"])) * 1e3,
            "adaptune_ms": float(np.median(times["adaptune"])) * 1e3}

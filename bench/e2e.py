@@ -1,7 +1,7 @@
 """Whole models end to end against what users run today, one run on this machine.
 
 Per model: tune with adaptune (its trial budget, optionally MetaSchedule's evolutionary search at
-the same budget), then ``adaptune.evaluate``: TVM untuned, adaptune all generated, adaptune final
+the same budget), then ``adaptune.model.evaluate``: TVM untuned, adaptune all generated, adaptune final
 (per-chain oneDNN choice kept only if the whole model got faster), PyTorch eager, torch.compile
 (Inductor, freezing) and ONNX Runtime, every output checked first, the contenders timed
 alternately; median and min of the rounds.  Targets (the e2e issue): adaptune <= 0.8x ONNX
@@ -20,15 +20,16 @@ import sys
 import time
 from pathlib import Path
 
-from adaptune import compile as C
-from adaptune._build import fast_build
+from adaptune.model import compile as C
+from adaptune.measure.build import fast_build
 from adaptune._tvm import ms
-from adaptune.evaluate import evaluate, thread_settings
-from adaptune.frontends import load_model
-from adaptune.graph import fuse, optimise
-from adaptune.measure import Measurer
+from adaptune.model.evaluate import evaluate, thread_settings
+from adaptune.model.frontends import load_model
+from adaptune.model.graph import fuse, optimise
+from adaptune.model.timing import time_vm
+from adaptune.measure.run import Measurer
 from adaptune.scheduler import tune_model
-from adaptune.target import host_target
+from adaptune.measure.target import host_target
 
 
 def tune_ms(model, target, trials, batch, wd: Path, timeout=30.0) -> float:
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
             wall_m = tune_ms(model, target, args.trials, args.ms_batch, wd_m)
             ex = C.build_tuned(model, C.open_database(wd_m), target)
             err = C.check(ex, model)
-            t = C.time_vm(ex, model.example_inputs())
+            t = time_vm(ex, model.example_inputs())
             print(f"  MetaSchedule evolutionary, all generated: {t * 1e3:.3f} ms (max error {err:.1e}), "
                   f"tuning {wall_m / 60:.1f} min")
             rows["ms_evolutionary"] = {"latency_ms": t * 1e3, "max_error": err, "tuning_s": wall_m}

@@ -21,11 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from adaptune import faults, tune_tir
-from adaptune.database import RECORDS
-from adaptune.measure import Measurer, RPCError
-from adaptune.target import host_target
-from adaptune.workloads import get_workload
+from adaptune.testing import faults
+from adaptune import tune_tir
+from adaptune.measure.records import RECORDS
+from adaptune.measure.run import Measurer, RPCError
+from adaptune.measure.target import host_target
+from adaptune.model.workloads import get_workload
 
 DENSE = get_workload("tiny-dense")
 TARGET = host_target()

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import cost_model_speed, run_adaptune, run_ms_evolutionary  # noqa: E402
 
-from adaptune.target import host_target  # noqa: E402
-from adaptune.workloads import get_workload  # noqa: E402
+from adaptune.measure.target import host_target  # noqa: E402
+from adaptune.model.workloads import get_workload  # noqa: E402
 
 
 def main() -> None:

@@ -28,8 +28,8 @@ from adaptune.looptune.dqn import WEIGHTS, Policy  # noqa: E402
 from adaptune.looptune.evaluate import Evaluator, numpy_gflops  # noqa: E402
 from adaptune.looptune.nest import LoopNest  # noqa: E402
 from adaptune.looptune.search import SEARCHES  # noqa: E402
-from adaptune.target import host_target  # noqa: E402
-from adaptune.workloads import get_workload  # noqa: E402
+from adaptune.measure.target import host_target  # noqa: E402
+from adaptune.model.workloads import get_workload  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 from common import geomean, run_adaptune, run_ms_evolutionary  # noqa: E402
 
 from adaptune._tvm import tvm  # noqa: E402
-from adaptune.target import TargetError, check_runnable, is_cuda, parse_target  # noqa: E402
-from adaptune.workloads import get_workload  # noqa: E402
+from adaptune.measure.target import TargetError, check_runnable, is_cuda, parse_target  # noqa: E402
+from adaptune.model.workloads import get_workload  # noqa: E402
 
 STRATEGIES = ["sa", "rl", "sa+as", "rl+as", "random"]
 

@@ -16,12 +16,12 @@ import time
 
 import numpy as np
 
-from adaptune.space import KnobSpace
-from adaptune.strategies import make_strategy
-from adaptune.strategies.rl_direct import PAPER_LAYERS
-from adaptune.target import host_target
+from adaptune.search.space import KnobSpace
+from adaptune.search.strategies import make_strategy
+from adaptune.search.strategies.rl_direct import PAPER_LAYERS
+from adaptune.measure.target import host_target
 from adaptune.tuner import TuneState
-from adaptune.workloads import get_workload
+from adaptune.model.workloads import get_workload
 
 
 def run(space, hidden, seed, budget, batch=8):

@@ -9,7 +9,7 @@ conv's input is the previous one's output without padding (112x96 -> 110x94, str
 26x22 -> 12x10), so the default is VALID (pad 0), Woodpecker's other padding mode; ``--padding
 same`` pads by 1.  Batch 1, NCHW.
 
-PyTorch runs ``torch.nn.functional.conv2d`` timed like TVM's evaluator (``compile.time_callable``);
+PyTorch runs ``torch.nn.functional.conv2d`` timed like TVM's evaluator (``timing.time_callable``);
 the paper's baseline is cuDNN, ours the host's PyTorch CPU kernel.  Every tuned kernel is checked
 against numpy before its time is reported (tune_tir already rejects a new best that disagrees with
 the untuned kernel); a kernel that fails shows FAIL and is left out of the geomean.  Prints one
@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 from common import geomean, run_adaptune  # noqa: E402
 
-from adaptune.compile import time_callable  # noqa: E402
-from adaptune.target import host_target  # noqa: E402
-from adaptune.workloads import Workload  # noqa: E402
+from adaptune.model.timing import time_callable  # noqa: E402
+from adaptune.measure.target import host_target  # noqa: E402
+from adaptune.model.workloads import Workload  # noqa: E402
 
 TABLE_1 = {  # name: (H, W, Cin, Cout, stride), 3x3 kernels
     "conv1a": (112, 96, 3, 64, 1),

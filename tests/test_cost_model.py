@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from adaptune.cost_model import CostModel
+from adaptune.search.cost_model import CostModel
 
 
 def _synthetic_latency(space, configs):

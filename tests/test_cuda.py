@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from adaptune.target import TargetError, device_type, gpu_visible, parse_target
+from adaptune.measure.target import TargetError, device_type, gpu_visible, parse_target
 
 GPU = gpu_visible()
 needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA GPU visible to TVM (tvm.cuda(0).exist is False)")
@@ -21,8 +21,8 @@ def cuda():
 
 @pytest.fixture(scope="module")
 def dense_space(cuda):
-    from adaptune.space import KnobSpace
-    from adaptune.workloads import get_workload
+    from adaptune.search.space import KnobSpace
+    from adaptune.model.workloads import get_workload
     return KnobSpace(get_workload("tiny-dense").mod(), cuda, seed=1)
 
 
@@ -45,7 +45,7 @@ def test_cuda_targets_carry_what_metaschedule_gpu_rules_need(cuda):
 
 def test_gpu_design_spaces_decode_pass_gpu_postprocs_and_build(dense_space, cuda):
     from adaptune._tvm import ms
-    from adaptune.measure import WarmBuilder
+    from adaptune.measure.run import WarmBuilder
     names = {type(p).__name__ for p in dense_space.postprocs}
     assert {"VerifyGPUCode", "RewriteCooperativeFetch", "RewriteUnboundBlock"} <= names
     decoded = dense_space.decode_many(dense_space.random(200, np.random.default_rng(0)))
@@ -81,8 +81,8 @@ def test_generated_cuda_code_compiles_with_nvcc(dense_space, cuda):
 
 @pytest.fixture(scope="module")
 def l8_space(cuda):
-    from adaptune.space import KnobSpace
-    from adaptune.workloads import get_workload
+    from adaptune.search.space import KnobSpace
+    from adaptune.model.workloads import get_workload
     return KnobSpace(get_workload("L8").mod(), cuda, seed=1)
 
 
@@ -102,7 +102,7 @@ def test_thread_limits_read_off_the_trace_filter_random_configs(l8_space):
 
 def test_short_gpu_batches_are_topped_up_not_taken_for_exhaustion(l8_space):
     """A strategy whose proposals all fail VerifyGPUCode still gets a full batch of valid configs."""
-    from adaptune.strategies.base import Strategy
+    from adaptune.search.strategies.base import Strategy
     from adaptune.tuner import TuneState
 
     class Hopeless(Strategy):
@@ -141,9 +141,9 @@ def test_cli_with_rpc_needs_no_local_gpu_and_an_unreachable_tracker_is_one_line(
 @needs_gpu
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-conv"])
 def test_tuned_cuda_kernel_matches_numpy(tmp_path, cuda, name):
-    from adaptune.cli import check_numerics
+    from adaptune.cli.ops import check_numerics
     from adaptune.tuner import tune_tir
-    from adaptune.workloads import get_workload
+    from adaptune.model.workloads import get_workload
     wl = get_workload(name)
     res = tune_tir(wl.mod(), cuda, strategy="chameleon", trials=8, work_dir=tmp_path / "wd", label=name)
     assert res.best_latency is not None and res.best_latency > 0, res.last_error
@@ -164,8 +164,8 @@ def test_only_tensor_core_workloads_pay_for_the_cuda_intrinsics(monkeypatch, cud
 
     from adaptune import _tvm
     from adaptune._tvm import ms, needs_cuda_intrinsics, tvm
-    from adaptune.space import space_generator
-    from adaptune.workloads import get_workload
+    from adaptune.search.knobs import space_generator
+    from adaptune.model.workloads import get_workload
     dense = get_workload("tiny-dense").mod()
     assert not needs_cuda_intrinsics(cuda, space_generator(dense, cuda))
     a, b = te.placeholder((64, 64), "float16", name="A"), te.placeholder((64, 64), "float16", name="B")

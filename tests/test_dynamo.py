@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from adaptune import measure
+from adaptune.measure import run as measure
 
 
 class Broken(nn.Module):

@@ -12,10 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from adaptune import compile as C
+from adaptune.model import compile as C
 from adaptune.cli import main
-from adaptune.cli_models import _Bad, _input
-from adaptune.frontends import InputSpec, ModelError, _draw, embedding_vocab, load_model
+from adaptune.cli.models import _Bad, _input
+from adaptune.model.frontends import InputSpec, ModelError, embedding_vocab, load_model
+from adaptune.model.frontends.model import _draw
 
 
 def _one_error_line(capsys) -> str:
@@ -371,7 +372,7 @@ def _copy_hf_bert(ours, hf) -> None:
 
 def test_the_zoo_bert_computes_what_transformers_bert_computes():
     transformers = pytest.importorskip("transformers")
-    from adaptune import zoo
+    from adaptune.model import zoo
     cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=37, max_position_embeddings=64)
     torch.manual_seed(0)
@@ -388,7 +389,7 @@ def test_the_zoo_bert_computes_what_transformers_bert_computes():
 
 
 def test_the_zoo_transformers_import_with_token_inputs_and_check():
-    from adaptune import zoo
+    from adaptune.model import zoo
     m = load_model("bert-base")                       # no TVM build: 110 M weights
     assert [(n, s, d) for n, s, d in m.inputs] == [("input_ids", (1, 128), "int64"),
                                                     ("attention_mask", (1, 128), "int64")]
@@ -412,9 +413,9 @@ def test_a_transformers_epilogues_and_attention_softmax_become_library_calls(tar
     the GELU and the residual add ahead of the reshape so oneDNN runs them in the dense call;
     attention's scaled (and masked) softmax is one PyTorch call, and so is each layer norm; ``graph.fuse`` gives the
     generated softmax TVM's fast form.  Both models match PyTorch with everything offloaded."""
-    from adaptune import library as L
-    from adaptune import zoo
-    from adaptune.graph import extract_tasks, optimise
+    from adaptune.model import library as L
+    from adaptune.model import zoo
+    from adaptune.model.graph import extract_tasks, optimise
     torch.manual_seed(0)
     m = load_model(zoo.Bert(vocab=50, dim=32, layers=1, heads=2, hidden=48, max_len=32),
                    inputs=[InputSpec("input_ids", (1, 12), "int64"), InputSpec("attention_mask", (1, 12), "int64")])
@@ -463,11 +464,11 @@ class TfPadded(nn.Module):
 def test_tf_padding_and_relu6_reach_the_library_through_both_entry_points(entry, tmp_path, target):
     """Each zero pad becomes its conv's own padding (``graph.fold_pads``; onnxslim's Pad+Conv fusion
     for ONNX files) and ONNX's ``Clip`` arrives as Relax's maximum/minimum
-    (``frontends._clip_as_max_min``, ``graph.pairwise_reductions``), so the convs are library
+    (``frontends.onnx._clip_as_max_min``, ``graph.pairwise_reductions``), so the convs are library
     chains with ReLU6 as oneDNN's post-op; the stride-2 conv, padded asymmetrically, stays generated."""
-    from adaptune import library as L
+    from adaptune.model import library as L
     from adaptune._tvm import ms
-    from adaptune.graph import op_counts, optimise
+    from adaptune.model.graph import op_counts, optimise
     torch.manual_seed(0)
     module = TfPadded().eval()
     if entry == "onnx":
@@ -490,7 +491,7 @@ def test_onnx_clip_with_attribute_or_input_bounds_imports_as_max_min(opset, tmp_
     ``maximum``/``minimum`` (no opaque kernels) and compute what ONNX Runtime computes."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    from adaptune.graph import op_counts, optimise
+    from adaptune.model.graph import op_counts, optimise
     if opset < 11:
         clip, inits = helper.make_node("Clip", ["X"], ["Y"], min=-0.5, max=0.75), []
     else:
@@ -512,9 +513,9 @@ def test_onnx_clip_with_attribute_or_input_bounds_imports_as_max_min(opset, tmp_
 def test_an_onnx_gelu_written_out_becomes_the_dense_calls_post_op(tmp_path, target):
     """The TorchScript exporter writes GELU as Div, Erf, Add, Mul, Mul; ``graph.recognise_gelu``
     makes it a ``gelu`` again, which the dense chain takes as oneDNN's post-op."""
-    from adaptune import library as L
+    from adaptune.model import library as L
     from adaptune._tvm import ms
-    from adaptune.graph import op_counts, optimise
+    from adaptune.model.graph import op_counts, optimise
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(16, 24), nn.GELU(), nn.Linear(24, 8)).eval()
     path = tmp_path / "mlp.onnx"
@@ -532,9 +533,9 @@ def test_a_tiny_transformers_gpt2_as_it_comes_loads_and_its_mlp_is_library_calls
     adaptune says so in one line and runs it with ``use_cache=False``.  Its GELU, written out in
     tanh form, becomes the dense call's post-op (``graph.recognise_gelu``); all-library matches."""
     transformers = pytest.importorskip("transformers")
-    from adaptune import library as L
+    from adaptune.model import library as L
     from adaptune._tvm import ms
-    from adaptune.graph import optimise
+    from adaptune.model.graph import optimise
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=16,
                                   bos_token_id=0, eos_token_id=0)
@@ -566,9 +567,9 @@ class Heads(nn.Module):
 
 
 def test_onnx_attention_with_four_axis_matmuls_is_library_calls(tmp_path, target):
-    from adaptune import library as L
+    from adaptune.model import library as L
     from adaptune._tvm import ms
-    from adaptune.graph import optimise
+    from adaptune.model.graph import optimise
     torch.manual_seed(0)
     path = tmp_path / "heads.onnx"
     torch.onnx.export(Heads().eval(), (torch.randn(1, 6, 16),), str(path), dynamo=False, input_names=["x"])

@@ -7,9 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import adaptune.cli as cli
-import adaptune.cli_models as cli_models
-from adaptune.frontends import ModelError, load_model
-from adaptune.workloads import WorkloadError, get_workload
+import adaptune.cli.models as cli_models
+import adaptune.cli.ops as cli_ops
+from adaptune.model.frontends import ModelError, load_model
+from adaptune.model.workloads import WorkloadError, get_workload
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -32,8 +33,8 @@ def test_cli_arguments_never_crash(tmp_path_factory, monkeypatch, capsys, argv):
 
     def would_work(*a, **k):
         raise _WouldWork
-    import adaptune.evaluate as evaluate
-    for mod, name in ((cli_models, "_build_best"), (evaluate, "evaluate"), (cli, "make_measurer"),
+    import adaptune.model.evaluate as evaluate
+    for mod, name in ((cli_models, "_build_best"), (evaluate, "evaluate"), (cli_ops, "make_measurer"),
                       (cli_models, "make_measurer")):
         monkeypatch.setattr(mod, name, would_work)
     import adaptune.looptune.evaluate as lt_evaluate

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 
 import tvm
 from tvm import relax
-from adaptune import compile as C
-from adaptune import library as L
+from adaptune.model import compile as C
+from adaptune.model import library as L
 from adaptune._tvm import ms
 from adaptune.cli import main
-from adaptune.frontends import load_model
-from adaptune.graph import fuse, op_counts, optimise
+from adaptune.model.frontends import load_model
+from adaptune.model.graph import fuse, op_counts, optimise
 from adaptune.scheduler import TaskSummary, next_task
 
 
@@ -96,7 +96,7 @@ class WinoBlock(torch.nn.Module):
 def test_winograd_chains_match_pytorch_and_load_in_a_fresh_process(target, empty_db, tmp_path):
     """Winograd F(4x4,3x3) (generated transforms around oneDNN's grouped GEMM) for conv+bias+ReLU,
     conv+bias+add+ReLU and conv+bias+clip, on inputs whose tiles run past both edges."""
-    from adaptune import winograd
+    from adaptune.model import winograd
     torch.manual_seed(0)
     m = load_model(WinoBlock().eval(), input_shape=WinoBlock.example_input_shape)
     ops = L.find_ops(optimise(m.mod))
@@ -136,7 +136,7 @@ def test_offloaded_model_matches_pytorch_and_only_layout_and_glue_stay_in_tvm(bl
 
 def test_each_chain_maps_to_the_task_of_its_own_fused_kernel(block, target, empty_db, monkeypatch, capsys):
     """... and the plan after tuning reuses the library timings tuning measured for the floors."""
-    from adaptune.graph import extract_tasks
+    from adaptune.model.graph import extract_tasks
     optimised = optimise(block.mod)
     tasks, _ = extract_tasks(optimised, target)
     times = {}

@@ -1,7 +1,7 @@
 import numpy as np
 
-from adaptune import faults as faulty
-from adaptune.measure import CRASH, OK, TIMEOUT, Measurer
+from adaptune.testing import faults as faulty
+from adaptune.measure.run import CRASH, OK, TIMEOUT, Measurer
 
 
 def test_good_crashing_and_hanging_kernels_all_come_back(conv_space, target):
@@ -32,7 +32,7 @@ def test_unloadable_kernel_is_a_record(target):
 
 def test_build_workers_outlive_a_batch_and_are_recycled(conv_space, target):
     from adaptune._tvm import ms
-    from adaptune.measure import WarmBuilder
+    from adaptune.measure.run import WarmBuilder
 
     good = conv_space.decode(conv_space.random(1, np.random.default_rng(0))[0])[0].mod
     builder = WarmBuilder(max_workers=1, timeout=30, recycle=3)

@@ -12,10 +12,10 @@ import pytest
 import tvm
 import tvm_ffi
 
-from adaptune import compile as C
+from adaptune.model import compile as C
 from adaptune.cli import main
-from adaptune.frontends import ModelError, load_model
-from adaptune.graph import extract_tasks, op_counts, optimise, pass_report
+from adaptune.model.frontends import ModelError, load_model
+from adaptune.model.graph import extract_tasks, op_counts, optimise, pass_report
 from adaptune.scheduler import TaskSummary, next_task, tune_model
 
 
@@ -93,7 +93,7 @@ def test_relax_module_frontend_uses_the_untuned_build_as_reference(target):
 
 @pytest.mark.parametrize("name", ["alexnet", "vgg16", "mobilenetv2"])
 def test_zoo_models_import_and_split_into_tasks(name, target):
-    from adaptune import zoo
+    from adaptune.model import zoo
     m = load_model(name)
     assert m.inputs[0][1] == zoo.MODELS[name][1]
     tasks, summary = extract_tasks(optimise(m.mod), target)
@@ -306,7 +306,7 @@ def _chromium() -> str:
 
 
 def test_report_renders_in_headless_chromium(tuned, tmp_path):
-    from adaptune.report import write_report
+    from adaptune.model.report import write_report
     _, res, wd = tuned
     page = write_report(wd, tmp_path / "report")
     assert {p.name for p in page.parent.glob("*.png")} == {"convergence.png", "model_convergence.png",

@@ -1,6 +1,6 @@
 import numpy as np
 
-from adaptune.strategies.ppo import PPOAgent
+from adaptune.search.strategies.ppo import PPOAgent
 
 
 def test_ppo_raises_predicted_reward_on_a_synthetic_surface():

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import tvm_ffi
 
-from adaptune import faults, tune_tir
+from adaptune.testing import faults
+from adaptune import tune_tir
 from adaptune.cli import main
-from adaptune.database import RECORDS
-from adaptune.measure import Measurer, MeasureResult, RPCError
-from adaptune.workloads import get_workload
+from adaptune.measure.records import RECORDS
+from adaptune.measure.run import Measurer, MeasureResult, RPCError
+from adaptune.model.workloads import get_workload
 from adaptune._tvm import ms
 
 DENSE = get_workload("tiny-dense")
@@ -55,8 +56,8 @@ def test_cli_refuses_an_rpc_key_without_servers(rpc_farm, tmp_path, capsys):
 def test_the_check_runs_the_measured_binary(target, linked):
     """The checker loads the file the runner timed (a linked library for local runs, a tar for
     RPC ones); a wrong binary fails even beside a right module."""
-    from adaptune._build import build_export
-    from adaptune.verify import KernelChecker
+    from adaptune.measure.build import build_export
+    from adaptune.measure.verify import KernelChecker
     checker = KernelChecker(DENSE.mod(), target)
     right, wrong = (build_export(m, target, linked) for m in (DENSE.mod(), faults.wrong_kernel(DENSE.mod())))
     assert right.endswith(".so" if linked else ".tar")
@@ -68,7 +69,7 @@ def test_the_check_runs_the_measured_binary(target, linked):
 def test_non_finite_outputs_must_match_exactly():
     """A NaN where the reference is finite (or the other way round) is a wrong kernel; the same
     infinities (an attention mask times float32's minimum overflows on random inputs) are not."""
-    from adaptune.verify import _differs
+    from adaptune.measure.verify import _differs
     want = np.array([1.0, -np.inf, np.nan, 2.0], dtype="float32")
     assert not _differs(want.copy(), want, 1e-3)
     assert _differs(np.array([1.0, -np.inf, np.nan, np.nan], dtype="float32"), want, 1e-3)
@@ -113,10 +114,10 @@ def test_full_disk_stops_the_run_with_one_line_and_keeps_records(tmp_path, capsy
 
 
 def test_a_run_that_measures_nothing_exits_non_zero_and_says_why(tmp_path, monkeypatch, capsys, target):
-    import adaptune.cli as cli
+    import adaptune.cli.ops as cli_ops
     everything_crashes = faults.InjectingMeasurer(target, {i: faults.Segfault for i in range(4)}, batches=10,
                                                   timeout=10)
-    monkeypatch.setattr(cli, "make_measurer", lambda args, t: everything_crashes)
+    monkeypatch.setattr(cli_ops, "make_measurer", lambda args, t: everything_crashes)
     code = main(["tune-op", "tiny-dense", "--trials", "4", "--batch-size", "4", "--work-dir", str(tmp_path / "wd")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and "no candidate could be measured (crash 4)" in err[-1]

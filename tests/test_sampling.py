@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from adaptune.sampling import _first_fresh, adaptive_sample, choose_k, coverage_probe, greedy_top_k, refine_on_model
-from adaptune.space import KnobSpace
+from adaptune.search.sampling import _first_fresh, adaptive_sample, choose_k, coverage_probe, greedy_top_k, refine_on_model
+from adaptune.search.space import KnobSpace
 
 
 def blobs(n_clusters, seed=0, d=6, per=40, spread=0.01):

@@ -3,8 +3,9 @@ import math
 import numpy as np
 import pytest
 
-from adaptune.space import LOCATION, TILE, KnobSpace, perfect_tilings, sampled_decisions
-from adaptune.workloads import get_workload
+from adaptune.search.knobs import LOCATION, TILE, perfect_tilings, sampled_decisions
+from adaptune.search.space import KnobSpace
+from adaptune.model.workloads import get_workload
 
 
 def _closed_form(extent, n):

@@ -1,7 +1,7 @@
 import numpy as np
 
-from adaptune.strategies import STRATEGIES, chameleon, make_strategy
-from adaptune.strategies.sa import simulated_annealing
+from adaptune.search.strategies import STRATEGIES, chameleon, make_strategy
+from adaptune.search.strategies.sa import simulated_annealing
 from adaptune.tuner import TuneState
 
 
@@ -40,7 +40,7 @@ def test_registry_knows_the_baselines():
 
 def test_every_strategy_runs_end_to_end_with_real_measurements(tmp_path, target):
     from adaptune import tune_tir
-    from adaptune.workloads import get_workload
+    from adaptune.model.workloads import get_workload
 
     wl = get_workload("tiny-dense")
     for name in ("rl", "sa+as", "rl+as"):

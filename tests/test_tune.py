@@ -9,13 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from adaptune import faults as faulty
+from adaptune.testing import faults as faulty
 from adaptune import tune_tir
 from adaptune._tvm import ms, tvm
-from adaptune.cli import check_numerics
-from adaptune.database import RECORDS
-from adaptune.measure import Measurer
-from adaptune.workloads import get_workload
+from adaptune.cli.ops import check_numerics
+from adaptune.measure.records import RECORDS
+from adaptune.measure.run import Measurer
+from adaptune.model.workloads import get_workload
 
 DENSE = get_workload("tiny-dense")
 
@@ -137,7 +137,7 @@ def test_kill_9_then_resume_loses_nothing(tmp_path):
 def _ms_tune(work_dir, target, trials: int, seed: int):
     """MetaSchedule's own loop with adaptune's ``sa`` as its search strategy, on DENSE."""
     import adaptune
-    from adaptune._build import fast_build
+    from adaptune.measure.build import fast_build
 
     return ms.tune_tir(DENSE.mod(), target, work_dir=str(work_dir), max_trials_global=trials, num_trials_per_iter=4,
                        strategy=adaptune.MetaScheduleStrategy("sa", seed=seed),

@@ -2,18 +2,18 @@
 import numpy as np
 import pytest
 
-from adaptune.strategies import STRATEGIES, make_strategy
-from adaptune.strategies.ga import converged, crossover, mutate, roulette_select
-from adaptune.strategies.rl_direct import moving_average, reward
+from adaptune.search.strategies import STRATEGIES, make_strategy
+from adaptune.search.strategies.ga import converged, crossover, mutate, roulette_select
+from adaptune.search.strategies.rl_direct import moving_average, reward
 from adaptune.tuner import TuneState
-from adaptune.workloads import get_workload
+from adaptune.model.workloads import get_workload
 
 DENSE = get_workload("tiny-dense")
 
 
 @pytest.fixture(scope="module")
 def dense_space(target):
-    from adaptune.space import KnobSpace
+    from adaptune.search.space import KnobSpace
     return KnobSpace(DENSE.mod(), target, seed=1)
 
 
@@ -116,7 +116,7 @@ def test_registered():
 @pytest.mark.parametrize("name,options", [("ga", {}), ("rl-direct", {"update_every": 4})])
 def test_real_tune_returns_a_valid_checked_best(tmp_path, target, dense_space, name, options):
     from adaptune import tune_tir
-    from adaptune.cli import check_numerics
+    from adaptune.cli.ops import check_numerics
 
     res = tune_tir(DENSE.mod(), target, strategy=name, trials=6, batch_size=3, seed=0, work_dir=tmp_path,
                    strategy_options=options)

@@ -1,6 +1,6 @@
 """adaptune: an autotuner for deep-learning compilers on Apache TVM.
 
-Heavy modules load on first use, so builder workers that unpickle ``adaptune._build`` stay fast.
+Heavy modules load on first use, so builder workers that unpickle ``adaptune.measure.build`` stay fast.
 """
 import os
 from importlib import import_module
@@ -17,10 +17,10 @@ if "OMP_WAIT_POLICY" not in os.environ:
 __version__ = "0.1.0"
 
 _LAZY = {
-    "tune_tir": "tuner", "TuneResult": "tuner", "TuneState": "tuner",
-    "KnobSpace": "space", "CostModel": "cost_model", "Measurer": "measure",
-    "MetaScheduleStrategy": "ms_adapter", "Strategy": "strategies", "STRATEGIES": "strategies",
-    "register": "strategies", "get_workload": "workloads", "host_target": "target",
+    "tune_tir": "tuner", "TuneResult": "tuner", "TuneState": "search.state",
+    "KnobSpace": "search.space", "CostModel": "search.cost_model", "Measurer": "measure.run",
+    "MetaScheduleStrategy": "ms_adapter", "Strategy": "search.strategies", "STRATEGIES": "search.strategies",
+    "register": "search.strategies", "get_workload": "model.workloads", "host_target": "measure.target",
 }
 
 

@@ -19,7 +19,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 OPTIONS = {"trials": 64, "work_dir": "runs/dynamo", "strategy": "chameleon", "target": None, "library": True}
@@ -82,7 +81,7 @@ def _saved_choice(folder: Path, optimised) -> tuple[dict, bool] | None:
     path = folder / CHOICE
     if not path.is_file():
         return None
-    from .library import find_ops
+    from .model.library import find_ops
     saved = json.loads(path.read_text())
     return ({op: saved["library"][repr(op)] for op in find_ops(optimised) if repr(op) in saved["library"]},
             bool(saved.get("serial")))
@@ -90,10 +89,10 @@ def _saved_choice(folder: Path, optimised) -> tuple[dict, bool] | None:
 
 def _compile(model, folder: Path, opts: dict):
     """Tune ``model`` into ``folder`` (unless a former call did) and build it: (executable, summary)."""
-    from . import compile as C
-    from .graph import optimise
+    from .model import compile as C
+    from .model.graph import optimise
     from .scheduler import MODEL_META, _write_json, tune_model
-    from .target import parse_target
+    from .measure.target import parse_target
     target = parse_target(opts["target"])
     saved = _saved_choice(folder, optimise(model.mod))
     if saved is not None:                                   # a former call's build: measure nothing
@@ -137,7 +136,8 @@ def adaptune_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     """The Dynamo backend (see the module doc); ``options``: trials, work_dir, strategy, target, library."""
     from torch.utils._pytree import tree_flatten
 
-    from .frontends import ModelError, _from_torch
+    from .model.frontends import ModelError
+    from .model.frontends.pytorch import from_torch
     unknown = set(options or {}) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown adaptune backend option(s) {sorted(unknown)}; known: {sorted(OPTIONS)}")
@@ -154,7 +154,7 @@ def adaptune_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     leaves, spec = tree_flatten(out)
     slots = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     try:
-        model = _from_torch(frozen, args, {}, key, "torch", f"dynamo:{key}", given=True)
+        model = from_torch(frozen, args, {}, key, "torch", f"dynamo:{key}", given=True)
         folder = Path(opts["work_dir"]) / key
         executable, summary = _compile(model, folder, opts)
     except (ModelError, RuntimeError, ValueError) as e:

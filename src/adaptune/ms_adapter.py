@@ -14,9 +14,9 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
 
 from ._tvm import ms
-from .space import KnobSpace
-from .strategies import make_strategy
-from .tuner import TuneState
+from .search.space import KnobSpace
+from .search.strategies import make_strategy
+from .search.state import TuneState
 
 
 @derived_object

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Callable
 
 from ._tvm import ms
-from .database import WorkDirError, repair_jsonl, TVM_FILES
-from .frontends import Model
-from .graph import extract_tasks, optimise, pass_report
-from .measure import Measurer
-from .target import parse_target
+from .measure.records import WorkDirError, repair_jsonl, TVM_FILES
+from .model.frontends import Model
+from .model.graph import extract_tasks, optimise, pass_report
+from .measure.run import Measurer
+from .measure.target import parse_target
 from .tuner import TaskTuner
 
 log = logging.getLogger("adaptune")
@@ -177,7 +177,7 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
         floors = None
     library_times: dict = {}
     if library and floors is None:
-        from .library import task_floors
+        from .model.library import task_floors
         stage("timing oneDNN's fused calls for the tasks it covers")
         floors = task_floors(optimised, tasks, target, library_times)
     floors = floors if library else {}

@@ -28,7 +28,7 @@ class Evaluator:
     def __init__(self, contraction: Contraction, target=None, *, warmup: int = 3, repeat: int = 5,
                  min_repeat_ms: int = 2, seed: int = 0):
         from .._tvm import tvm
-        from ..target import host_target
+        from ..measure.target import host_target
         self.contraction = contraction
         self.target = target if target is not None else host_target()
         self.dev = tvm.cpu()

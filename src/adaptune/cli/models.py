@@ -1,0 +1,362 @@
+"""The model commands of the CLI: ``tune``, ``compile``, ``bench``, ``report``, ``models``.
+
+Same contract as ``tune-op``: bad input is one line and exit 2 before anything is written; every
+compiled model is checked against its reference before a latency is printed.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from .common import UsageError, fail, make_measurer, progress_bar, run_guarded
+
+
+class _Bad(Exception):
+    """Bad input found while preparing a command."""
+
+
+def _dims(text, what: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:
+        raise _Bad(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise _Bad(f"{what} must be positive integers, got {text!r}")
+    return dims
+
+
+def _shape(text):
+    return None if text is None else _dims(text, "--input-shape")
+
+
+_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def _input(text: str):
+    """``NAME:SHAPE:DTYPE[:LOW:HIGH]`` (SHAPE like 1,128 or 1x128) as an ``InputSpec``."""
+    from ..model.frontends import InputSpec
+    parts = text.split(":")
+    if len(parts) not in (3, 5) or not parts[0]:
+        raise _Bad(f"--input must be NAME:SHAPE:DTYPE or NAME:SHAPE:DTYPE:LOW:HIGH, got {text!r}")
+    name, shape, dtype = parts[0], _dims(parts[1], f"--input {parts[0]}: the shape"), parts[2]
+    if dtype not in _DTYPES:
+        raise _Bad(f"--input {name}: unknown dtype {dtype!r} (one of {', '.join(_DTYPES)})")
+    if len(parts) == 3:
+        return InputSpec(name, shape, dtype)
+    try:
+        low, high = (float(v) if dtype.startswith("float") else int(v) for v in parts[3:])
+    except ValueError:
+        raise _Bad(f"--input {name}: LOW and HIGH must be {'numbers' if dtype.startswith('float') else 'integers'}, "
+                   f"got {parts[3]!r} and {parts[4]!r}") from None
+    if not low < high or not all(map(math.isfinite, (low, high))):
+        raise _Bad(f"--input {name}: the range [{parts[3]}, {parts[4]}) is empty or not finite")
+    return InputSpec(name, shape, dtype, (low, high))
+
+
+def _load(args):
+    """(model, target) from the common arguments, or _Bad with one line."""
+    from ..model.frontends import ModelError, load_model
+    from ..measure.target import TargetError, check_runnable, parse_target
+    try:
+        target = parse_target(args.target)
+    except TargetError as e:
+        raise _Bad(str(e)) from None
+    if target.kind.name != "llvm":
+        try:
+            check_runnable(target)      # no GPU: say that first, it is the more useful line
+        except TargetError as e:
+            raise _Bad(str(e)) from None
+        raise _Bad(f"models are measured and run on this machine's CPU; target kind {target.kind.name!r} "
+                   "is not supported here")
+    shape = _shape(args.input_shape)
+    inputs = [_input(t) for t in args.input or ()]
+    try:
+        with _spinner(f"loading {args.model}"):
+            return load_model(args.model, input_shape=shape, inputs=inputs), target
+    except ModelError as e:
+        raise _Bad(str(e)) from None
+
+
+@contextlib.contextmanager
+def _spinner(text: str):
+    from rich.console import Console
+    with Console(stderr=True).status(text) as status:
+        yield status
+
+
+def _ms(sec) -> str:
+    return "-" if sec is None else f"{sec * 1e3:.3f} ms"
+
+
+def _choice_table(best) -> None:
+    """The per-chain choice (oneDNN's fused call or our kernel) and the whole-model builds behind it."""
+    from rich.console import Console
+    from rich.table import Table
+    console = Console()
+    if best.choices:
+        table = Table(title="per chain: oneDNN's fused call, Winograd (our transforms + oneDNN GEMM) or our "
+                            "tuned kernel (--no-library: ours everywhere)")
+        for col in ("chain", "calls", "oneDNN", "Winograd", "tuned (fused)", "fastest"):
+            table.add_column(col, justify="left" if col in ("chain", "fastest") else "right")
+        names = {"onednn": "oneDNN", "winograd": "Winograd", "generated": "generated"}
+        for c in best.choices:
+            table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.winograd_s), _ms(c.generated_s),
+                          names[c.impl])
+        console.print(table)
+    console.print("whole model: " + ", ".join(f"{b.name} {_ms(b.seconds)}" for b in best.builds) +
+                  f"  ->  keeps the {best.best.name} build")
+
+
+def _library_summary(library: dict, chains: int | None = None) -> str:
+    """What a build runs on the library: "5 of 16 conv/dense chains as fused oneDNN calls, 10 as Winograd"."""
+    onednn = sum(1 for v in library.values() if v == "onednn")
+    wino = len(library) - onednn
+    of = "" if chains is None else f" of {chains}"
+    return f"{onednn}{of} conv/dense chains as fused oneDNN calls" + (f", {wino} as Winograd" if wino else "")
+
+
+def _build_best(args, model, target, db, library_times=None):
+    from ..model.compile import build_best
+    with _spinner("building and timing the tuned model (all generated, all library, per-chain choice, serial glue)"):
+        best = build_best(model, db, target, library=not args.no_library, library_times=library_times)
+    _choice_table(best)
+    return best
+
+
+class _Phases:
+    """Wall time per phase of a run, so the user sees what each costs (the untuned baseline of a
+    transformer once took most of a run)."""
+
+    def __init__(self):
+        self.done: dict[str, float] = {}
+        self.current, self.since = None, time.perf_counter()
+
+    def start(self, text: str | None) -> None:
+        now = time.perf_counter()
+        if self.current is not None:
+            key = self.current.split(" (")[0] if not self.current.startswith("tuning") else "tuning"
+            self.done[key] = self.done.get(key, 0.0) + now - self.since
+        self.current, self.since = text, now
+
+    def __str__(self) -> str:
+        return " · ".join(f"{k} {v:.0f} s" for k, v in self.done.items())
+
+
+def cmd_tune(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..model import compile as C
+    from ..model.compile import NumericsError
+    from ..measure.records import WorkDirError
+    from ..scheduler import MODEL_META, check_model_work_dir, tune_model
+    from ..model.timing import UNTUNED_CAP_S, time_vm
+
+    try:
+        if args.trials <= 0:
+            raise _Bad(f"--trials must be a positive number, got {args.trials}")
+        if args.batch_size is not None and args.batch_size <= 0:
+            raise _Bad(f"--batch-size must be positive, got {args.batch_size}")
+        work_dir = Path(args.work_dir or f"runs/{Path(args.model).stem.replace(':', '_')}-{args.strategy}-"
+                                         f"{time.strftime('%Y%m%d-%H%M%S')}")
+        check_model_work_dir(work_dir, args.resume)
+        model, target = _load(args)
+        measurer = make_measurer(args, target)
+    except (_Bad, WorkDirError, UsageError) as e:
+        return fail(str(e))
+    console = Console()
+    phases = _Phases()
+    console.print(f"[bold]adaptune[/] tune {model.name}  strategy={args.strategy}  trials={args.trials}  "
+                  f"target={target}\nwork dir: {work_dir}")
+    with progress_bar() as progress:
+        bar = progress.add_task("preparing", total=args.trials, best="")
+
+        def on_stage(text):
+            phases.start(text)
+            progress.update(bar, description=text)
+
+        def on_progress(done, total, task, est):
+            progress.update(bar, completed=done, description=f"tuning {task[:28]}",
+                            best=f"model kernels ~{est * 1e3:.3f} ms")
+        result, code = run_guarded(console, work_dir, f"adaptune tune {args.model} --work-dir {work_dir} --resume",
+                                   lambda: tune_model(model, target, trials=args.trials, strategy=args.strategy,
+                                                      work_dir=work_dir, resume=args.resume, seed=args.seed,
+                                                      batch_size=args.batch_size, measurer=measurer,
+                                                      on_progress=on_progress, on_stage=on_stage))
+        if result is None:
+            return code
+    p = result.passes
+    console.print(f"graph: {p['ops_before']} ops -> {p['ops_after']} after folding "
+                  f"({', '.join(f'{k} {v}' for k, v in p['before'].items() if k not in p['after'])} removed) "
+                  f"-> {p['kernel_calls']} fused kernels, {p['tasks']} distinct tasks")
+    table = Table(title=f"{model.name}: {result.trials} trials ({result.new_trials} in this run), "
+                        f"{result.wall_time:.0f} s")
+    for col in ("task", "weight", "trials", "untuned", "tuned", "speedup"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for t in result.tasks:
+        sp = f"{t.baseline / t.current:.1f}x" if t.baseline and t.current else "-"
+        table.add_row(t.name, str(t.weight), str(t.trials), _ms(t.baseline), _ms(t.current), sp)
+    console.print(table)
+    if not any(t.best for t in result.tasks):
+        print("adaptune: error: no candidate could be measured; see the log in the work dir", file=sys.stderr)
+        return 1
+    try:
+        db = C.open_database(work_dir)
+        phases.start("untuned TVM build and check")
+        with _spinner("building untuned TVM"):
+            ex0 = C.build_untuned(model, target)
+            C.check(ex0, model)
+        phases.start("tuned builds, check and timing")
+        best = _build_best(args, model, target, db, result.library_times)
+    except NumericsError as e:
+        return fail(f"tuned model fails the numerical check: {e}", 1)
+    gen = next(b for b in best.builds if b.name == "generated")
+    phases.start("untuned TVM timing")
+    with _spinner("timing untuned TVM"):
+        t0 = time_vm(ex0, model.example_inputs(), cap_s=UNTUNED_CAP_S)
+    phases.start(None)
+    meta_path = work_dir / MODEL_META
+    meta = json.loads(meta_path.read_text())
+    meta["compiled"] = {"untuned_s": t0, "tuned_s": gen.seconds, "max_rel_error": best.best.error,
+                        "final_s": best.best.seconds, "final_build": best.best.name}
+    meta["library"] = [c.as_dict() for c in best.choices]
+    _write_meta(meta_path, meta)
+    console.print(f"numerics vs {'PyTorch' if model.torch_module is not None else 'reference'}: PASS "
+                  f"(max error {max(b.error for b in best.builds):.1e} of output scale)")
+    console.print(f"[bold]{model.name}: untuned TVM {_ms(t0)}  ->  tuned {_ms(gen.seconds)}   "
+                  f"speedup {t0 / gen.seconds:.1f}x[/]")
+    if best.best.name != "generated":
+        console.print(f"[bold]with {_library_summary(best.best.library, len(best.choices))}: "
+                      f"{_ms(best.best.seconds)}   speedup {t0 / best.best.seconds:.1f}x[/]")
+    console.print(f"time per phase: {phases}")
+    console.print(f"next: adaptune bench {args.model} --db {work_dir}   |   adaptune report {work_dir}")
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from ..model import compile as C
+    from ..model.compile import NumericsError
+    try:
+        model, target = _load(args)
+        out = Path(args.output)
+        if not out.parent.is_dir():
+            raise _Bad(f"output folder {out.parent} does not exist")
+        db = C.open_database(args.db)
+        best = _build_best(args, model, target, db)
+    except (_Bad, FileNotFoundError) as e:
+        return fail(str(e))
+    except NumericsError as e:
+        return fail(f"compiled model fails the numerical check, nothing written: {e}", 1)
+    C.export(best.best.executable, out)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); numerics PASS (max error {best.best.error:.1e}); "
+          f"{_library_summary(best.best.library)}. Load with "
+          "tvm.relax.VirtualMachine(adaptune.model.compile.load(path), tvm.cpu())")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..model import compile as C
+    from ..model.compile import NumericsError
+    from ..model.evaluate import evaluate
+    try:
+        if args.rounds <= 0:
+            raise _Bad(f"--rounds must be positive, got {args.rounds}")
+        if args.json is not None and not Path(args.json).resolve().parent.is_dir():
+            raise _Bad(f"--json: folder {Path(args.json).parent} does not exist")
+        model, target = _load(args)
+        db = C.open_database(args.db) if args.db else None
+    except (_Bad, FileNotFoundError) as e:
+        return fail(str(e))
+    console = Console()
+    try:
+        with _spinner("preparing") as status:
+            ev = evaluate(model, target, db, library=not args.no_library, rounds=args.rounds,
+                          on_stage=lambda text: status.update(text))
+    except NumericsError as e:
+        return fail(f"numerical check failed: {e}", 1)
+    if ev.best is not None:
+        _choice_table(ev.best)
+        if args.db:
+            _save_library(args.db, ev.best.choices)
+    base = ev.row("pytorch-eager") or ev.rows[0]
+    table = Table(title=f"{model.name}, input {' '.join(str(list(s)) for _, s, _ in model.inputs)}: "
+                        f"latency over {args.rounds} alternating rounds (outputs checked first)")
+    for col in ("runtime", "median", "min", f"vs {base.runtime}", "max error", "note"):
+        table.add_column(col, justify="left" if col in ("runtime", "note") else "right")
+    for r in ev.rows:
+        table.add_row(r.runtime, f"{r.latency_ms:.3f} ms", f"{r.min_ms:.3f} ms", f"{base.latency_ms / r.latency_ms:.2f}x",
+                      "-" if r.max_error is None else f"{r.max_error:.1e}", r.note)
+    console.print(table)
+    for runtime, why in ev.skipped.items():
+        console.print(f"no {runtime} row: {why}")
+    if args.profile and ev.best is not None:
+        _profile_table(console, ev.best.best.executable, model)
+    if args.json:
+        tmp = Path(args.json).with_name(Path(args.json).name + ".tmp")
+        tmp.write_text(json.dumps(ev.as_dict(), indent=1))
+        tmp.replace(args.json)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _profile_table(console, executable, model) -> None:
+    """``--profile``: time per kernel of the final model, grouped (tuned, library, layout, glue)."""
+    from rich.table import Table
+
+    from ..model.timing import profile
+    rows = profile(executable, model.example_inputs())
+    total = sum(r["ms"] for r in rows) or 1.0
+    groups: dict[str, float] = {}
+    for r in rows:
+        groups[r["group"]] = groups.get(r["group"], 0.0) + r["ms"]
+    table = Table(title=f"where adaptune's model spends its time ({total:.3f} ms in VM calls per inference)")
+    for col in ("call", "group", "calls", "ms", "share"):
+        table.add_column(col, justify="left" if col in ("call", "group") else "right")
+    for g, ms in sorted(groups.items(), key=lambda kv: -kv[1]):
+        table.add_row(f"[bold]{g}[/]", "", "", f"{ms:.3f}", f"{100 * ms / total:.1f}%")
+    for r in rows[:25]:
+        table.add_row(r["call"][:48], r["group"], str(r["calls"]), f"{r['ms']:.3f}", f"{100 * r['ms'] / total:.1f}%")
+    console.print(table)
+
+
+def _write_meta(path, meta) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(path)
+
+
+def _save_library(work_dir, choices) -> None:
+    """Keep the per-chain choice in the work dir's model.json for ``report``."""
+    from ..scheduler import MODEL_META
+    path = Path(work_dir) / MODEL_META
+    if path.is_file():
+        meta = json.loads(path.read_text())
+        meta["library"] = [c.as_dict() for c in choices]
+        _write_meta(path, meta)
+
+
+def cmd_report(args) -> int:
+    from ..model.report import write_report
+    try:
+        with _spinner("writing report"):
+            path = write_report(args.work_dir, args.output)
+    except FileNotFoundError as e:
+        return fail(str(e))
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_models(_args) -> int:
+    from ..model.zoo import MODELS
+    for name, (ctor, shape) in MODELS.items():
+        given = (", ".join(f"{n} {d}{list(s)}" for n, (s, d) in shape.items()) if isinstance(shape, dict)
+                 else f"float32{list(shape)}")
+        print(f"{name:12s} input {given}  {(ctor.__doc__ or ctor.__name__).splitlines()[0]}")
+    return 0

@@ -1,0 +1,196 @@
+"""Compile a model with the tuning database into a Relax VM executable; run, check and time it.
+
+A kernel with no record in the database falls back to TVM's untuned PrimFunc (TVM warns).  Every
+executable is checked against the model's reference before any timing is reported.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._tvm import ms
+from .graph import apply_database, fuse, optimise
+from ..measure.verify import output_scale
+from ..measure.target import parse_target
+from .timing import time_vm
+
+import tvm
+from tvm import relax
+
+
+class NumericsError(RuntimeError):
+    """The compiled model's output differs from the reference beyond tolerance."""
+
+
+def open_database(work_dir):
+    """The work dir's TVM database, read-only use (fails clearly when it is not a tuning log)."""
+    d = Path(work_dir)
+    if not (d / "database_tuning_record.json").is_file():
+        raise FileNotFoundError(f"{d} is not an adaptune/MetaSchedule work dir (no database_tuning_record.json)")
+    return ms.database.JSONDatabase(work_dir=str(d), allow_missing=False)
+
+
+def build_untuned(model, target=None):
+    """TVM's default CPU build of the same optimised graph: our "untuned TVM" baseline."""
+    target = parse_target(target)
+    return tvm.compile(fuse(optimise(model.mod), target), target=target)
+
+
+GLUE_FLOPS = 4e6       # a kernel below this many FLOPs is glue: serial in a ``serial_glue`` build
+
+
+def serial_glue(fused, database, target) -> "ms.database.MemoryDatabase":
+    """The best record of every kernel of ``fused``, with the ``Parallel`` steps dropped from the
+    traces of its glue kernels (layer norms, head transposes, pooling: under ``GLUE_FLOPS``).
+
+    Between two oneDNN calls a parallel TVM kernel wakes TVM's thread pool while OpenMP's threads
+    still spin on the same two cores: ViT's residual add cost 0.29 ms in the model against 0.03 ms
+    alone.  Run serially on the calling thread it does not wake a second pool.  Kernels with no
+    record keep TVM's plain (serial) code as before."""
+    from tvm import s_tir
+    from tvm.s_tir.analysis import estimate_tir_flops
+    out = ms.database.MemoryDatabase()
+    for gv, func in fused.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        rec = database.query_tuning_record(mod, target, gv.name_hint)
+        if rec is None:
+            continue
+        trace = rec.trace
+        if float(estimate_tir_flops(mod)) < GLUE_FLOPS:
+            keep = [i for i in trace.insts if i.kind.name != "Parallel"]
+            trace = s_tir.schedule.Trace(keep, {i: d for i, d in trace.decisions.items() if i.kind.name != "Parallel"})
+        out.commit_tuning_record(ms.database.TuningRecord(trace, out.commit_workload(rec.workload.mod),
+                                                          run_secs=rec.run_secs, target=target,
+                                                          args_info=rec.args_info))
+    return out
+
+
+def lower_tuned(model, database, target, library=None, serial=False) -> "tvm.IRModule":
+    """The model's module with the best record of every task from ``database`` applied.
+
+    ``library``: chain signatures (``library.LibraryOp``) -> "onednn" | "winograd", the chains to run
+    on a library implementation instead of the generated kernel (Woodpecker's per-operator choice;
+    see ``library.plan``).  ``serial``: glue kernels run serially (``serial_glue``)."""
+    mod = optimise(model.mod)
+    if library:
+        from .library import offload
+        mod = offload(mod, library)
+    fused = fuse(mod, target)
+    mod = apply_database(fused, serial_glue(fused, database, target) if serial else database, target)
+    from .library import schedule_epilogues
+    return schedule_epilogues(mod)
+
+
+def build_tuned(model, database, target=None, library=None, serial=False):
+    """``lower_tuned``, built."""
+    target = parse_target(target)
+    return tvm.compile(lower_tuned(model, database, target, library, serial), target=target)
+
+
+@dataclass
+class Build:
+    """One build of the model: what it runs on the library, its check and its time."""
+    name: str                           # "generated" | "library" | "choice" | "... serial glue"
+    executable: object
+    library: dict                       # chain signature -> "onednn" | "winograd"
+    error: float
+    seconds: float
+    serial: bool = False                # glue kernels serial (``serial_glue``)
+
+
+@dataclass
+class BestBuild:
+    """The fastest of the candidate builds, with the per-chain choices behind it."""
+    best: Build
+    builds: list[Build]
+    choices: list
+
+
+def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3,
+               library_times: dict | None = None) -> BestBuild:
+    """Build the model all generated, with every chain oneDNN can run on oneDNN, and with the
+    per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check each
+    against the reference; time them alternating, ``rounds`` times; keep the fastest (the final
+    model is never slower than either extreme).  ``library_times``: the chains' library timings this
+    run has measured already (``tune_model``'s), reused."""
+    from .library import chosen, eligible, plan
+    target = parse_target(target)
+    inputs = inputs if inputs is not None else model.example_inputs()
+    choices = plan(optimise(model.mod), database, target, library_times) if library else []
+    variants = [("generated", {}, False)]
+    if choices:
+        variants += [("library", eligible(choices), False), ("choice", chosen(choices), False),
+                     ("library, serial glue", eligible(choices), True), ("choice, serial glue", chosen(choices), True)]
+    builds, seen = [], {}
+    for name, ops, serial in variants:
+        key = (frozenset(ops.items()), serial)
+        if key in seen or (serial and not ops):
+            continue
+        if serial:
+            name = f"{seen[(frozenset(ops.items()), False)]}, serial glue"
+        seen[key] = name
+        ex = build_tuned(model, database, target, ops, serial)
+        builds.append(Build(name, ex, ops, check(ex, model, inputs), float("inf"), serial))
+    times = {b.name: [] for b in builds}
+    for _ in range(rounds):
+        for b in builds:
+            times[b.name].append(time_vm(b.executable, inputs, repeat=5, min_repeat_ms=100))
+    for b in builds:
+        b.seconds = float(np.median(times[b.name]))
+    return BestBuild(min(builds, key=lambda b: b.seconds), builds, choices)
+
+
+def export(executable, path) -> Path:
+    """Write the executable as a shared library, atomically (never a half-written file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.so")
+    try:
+        executable.export_library(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load(path):
+    from .library import calls  # noqa: F401  (registers the PyTorch kernels a compiled model may call)
+    return tvm.runtime.load_module(str(path))
+
+
+def _flatten(out) -> list[np.ndarray]:
+    if isinstance(out, tvm.runtime.Tensor):
+        return [out.numpy()]
+    res = []
+    for o in out:
+        res += _flatten(o)
+    return res
+
+
+def run_vm(executable, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    return _flatten(vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs]))
+
+
+def check(executable, model, inputs=None, *, rtol=1e-3, atol=1e-4) -> float:
+    """Compare with the model's reference; returns the max error relative to the output scale."""
+    inputs = inputs if inputs is not None else model.example_inputs()
+    got, want = run_vm(executable, inputs), model.reference(inputs)
+    if len(got) != len(want):
+        raise NumericsError(f"compiled model returns {len(got)} outputs, reference {len(want)}")
+    names = model.output_names if len(model.output_names) == len(want) else [f"#{i}" for i in range(len(want))]
+    worst = 0.0
+    for name, g, w in zip(names, got, want):
+        if g.shape != w.shape:
+            raise NumericsError(f"output {name}: shape {g.shape} differs from reference {w.shape}")
+        scale = output_scale(w)
+        err = float(np.abs(g.astype(np.float64) - w).max()) / scale
+        if not np.allclose(g, w, rtol=rtol, atol=atol * scale):
+            raise NumericsError(f"output {name} differs from reference: max error {err:.2e} of output scale")
+        worst = max(worst, err)
+    return worst

@@ -1,0 +1,172 @@
+"""Build, check and time a model beside what its users run today, in one run.
+
+The rows (``RUNTIMES``): TVM untuned, adaptune with every kernel generated, adaptune's final model
+(``compile.build_best``: the per-chain library choice, kept only when the whole model got faster),
+PyTorch eager, ``torch.compile`` (Inductor with ``freezing``: oneDNN fused convolutions with
+pre-packed weights, its default mode) and ONNX Runtime (all graph optimisations, intra-op threads
+= cores).  Every output is checked against the model's reference before anything is timed; the
+contenders are then timed alternately, ``rounds`` times, and each row reports the median and min
+of its rounds.  A runtime that cannot run the model is left out with the reason.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import compile as C
+from .timing import UNTUNED_CAP_S, time_callable
+from ..measure.target import parse_target
+from ..measure.verify import output_scale
+
+RUNTIMES = ("tvm-untuned", "adaptune-generated", "adaptune", "pytorch-eager", "torch-compile", "onnxruntime")
+
+
+@dataclass
+class Row:
+    runtime: str
+    latency_ms: float                   # median of the rounds
+    min_ms: float
+    max_error: float | None
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {"runtime": self.runtime, "latency_ms": self.latency_ms, "min_ms": self.min_ms,
+                "max_error": self.max_error, "note": self.note}
+
+
+@dataclass
+class Evaluation:
+    model: str
+    rows: list[Row]
+    skipped: dict[str, str] = field(default_factory=dict)   # runtime -> why it has no row
+    best: object = None                                     # compile.BestBuild (None without a database)
+
+    def row(self, runtime: str) -> Row | None:
+        return next((r for r in self.rows if r.runtime == runtime), None)
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "rows": [r.as_dict() for r in self.rows], "skipped": self.skipped}
+
+
+def _max_error(got, want) -> float:
+    """Largest absolute difference relative to the output's scale (the rule of ``compile.check``)."""
+    worst = 0.0
+    for g, w in zip(got, want):
+        scale = output_scale(w)
+        worst = max(worst, float(np.abs(np.asarray(g, np.float64) - w).max()) / scale)
+    return worst
+
+
+def _torch_runtimes(model, inputs, compile_torch: bool, skipped) -> dict:
+    """PyTorch eager and torch.compile (freezing) as (callable, error, note), checked."""
+    out = {}
+    if model.torch_module is None:
+        skipped["pytorch-eager"] = skipped["torch-compile"] = "not a PyTorch model"
+        return out
+    import torch
+    args, kwargs = model.torch_args([torch.from_numpy(a) for a in inputs])
+    want = model.reference(inputs)
+
+    def runner(fn):
+        def run():
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+        return run
+    eager = runner(model.torch_module)
+    out["pytorch-eager"] = (eager, 0.0, f"{torch.get_num_threads()} threads")
+    if not compile_torch:
+        skipped["torch-compile"] = "not asked for"
+        return out
+    import torch._inductor.config as inductor
+    try:
+        inductor.freezing = True
+        torch._dynamo.reset()
+        t = time.perf_counter()
+        compiled = runner(torch.compile(model.torch_module))
+        got = compiled()
+        seconds = time.perf_counter() - t
+        got = [o.detach().numpy() for o in torch.utils._pytree.tree_leaves(got)]
+        out["torch-compile"] = (compiled, _max_error(got, want), f"compile {seconds:.0f} s")
+    except Exception as e:                  # noqa: BLE001 - Inductor can fail on a model for many reasons
+        skipped["torch-compile"] = f"torch.compile failed: {' '.join(str(e).split())[:160]}"
+    return out
+
+
+def _onnxruntime(model, inputs, skipped) -> dict:
+    from .frontends import ort_session
+    try:
+        proto = model.onnx_proto()
+    except Exception as e:                  # noqa: BLE001 - the exporter fails on some models
+        skipped["onnxruntime"] = f"ONNX export failed: {' '.join(str(e).split())[:160]}"
+        return {}
+    if proto is None:
+        skipped["onnxruntime"] = "no ONNX form of this model"
+        return {}
+    sess = ort_session(proto)
+    feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
+    err = _max_error(sess.run(None, feed), model.reference(inputs))
+    return {"onnxruntime": (lambda: sess.run(None, feed), err, f"{sess.get_session_options().intra_op_num_threads} threads")}
+
+
+def _vm_runner(executable, inputs):
+    import tvm
+    from tvm import relax
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    return lambda: vm["main"](*args)
+
+
+def evaluate(model, target=None, database=None, *, library: bool = True, anchors: bool = True,
+             compile_torch: bool = True, rounds: int = 5, on_stage=None) -> Evaluation:
+    """The table of the module docstring for ``model`` (adaptune rows only with a ``database``)."""
+    stage = on_stage or (lambda s: None)
+    target = parse_target(target)
+    inputs = model.example_inputs()
+    skipped: dict[str, str] = {}
+    contenders = {}                     # runtime -> (callable, max error, note)
+    stage("building untuned TVM")
+    ex0 = C.build_untuned(model, target)
+    contenders["tvm-untuned"] = (_vm_runner(ex0, inputs), C.check(ex0, model, inputs), "")
+    best = None
+    if database is not None:
+        stage("building the tuned model up to five ways (generated, library, per-chain choice, both with serial glue)")
+        best = C.build_best(model, database, target, library=library, inputs=inputs)
+        gen = next(b for b in best.builds if b.name == "generated")
+        contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, "")
+        on_lib = len(best.best.library)
+        wino = sum(1 for v in best.best.library.values() if v == "winograd")
+        contenders["adaptune"] = (_vm_runner(best.best.executable, inputs), best.best.error,
+                                  f"{best.best.name} build; {on_lib}/{len(best.choices)} chains on the library "
+                                  f"({wino} Winograd)")
+    else:
+        skipped["adaptune-generated"] = skipped["adaptune"] = "no tuning database (--db)"
+    if anchors:
+        stage("preparing PyTorch eager, torch.compile and ONNX Runtime")
+        contenders.update(_torch_runtimes(model, inputs, compile_torch, skipped))
+        contenders.update(_onnxruntime(model, inputs, skipped))
+    for name, (_, err, _) in contenders.items():
+        if err > 1e-3:
+            raise C.NumericsError(f"{name} output differs from the reference (max error {err:.1e})")
+    samples: dict[str, list[float]] = {n: [] for n in contenders}
+    for r in range(rounds):
+        stage(f"timing, round {r + 1} of {rounds}")
+        for name, (fn, _, _) in contenders.items():
+            if name == "tvm-untuned" and r > 0 and samples[name][0] > 0.5:
+                continue                    # a slow untuned model is timed once (it is the baseline only)
+            cap = UNTUNED_CAP_S if name == "tvm-untuned" else None
+            samples[name].append(time_callable(fn, repeat=5 if r else 3, cap_s=cap))
+    rows = [Row(n, float(np.median(samples[n])) * 1e3, float(min(samples[n])) * 1e3, err, note)
+            for n, (_, err, note) in sorted(contenders.items(), key=lambda kv: RUNTIMES.index(kv[0]))]
+    return Evaluation(model.name, rows, skipped, best)
+
+
+def thread_settings() -> dict:
+    """The thread-pool settings in force (they decide how PyTorch's and TVM's pools share cores)."""
+    import torch
+    return {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT"),
+            "TVM_THREAD_POOL_SPIN_COUNT": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT"),
+            "torch_threads": torch.get_num_threads(), "cores": os.cpu_count()}

@@ -1,0 +1,165 @@
+"""Woodpecker-DL's per-operator choice: per chain signature, the library call timed against the
+best tuned kernel of the same subgraph, and the epilogue schedule of the library's glue."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from .lowering import chain_modules, offload
+from .op import LibraryOp
+from .patterns import find_ops
+
+
+@dataclass
+class Choice:
+    op: LibraryOp
+    calls: int
+    library_s: float | None             # the fused oneDNN call; None: oneDNN failed for this signature
+    generated_s: float | None           # the best record of the chain's fused task
+    tasks: list[str] = field(default_factory=list)
+    winograd_s: float | None = None     # Winograd F(4x4,3x3) (``winograd.py``); None: not applicable
+
+    @property
+    def library_impl(self) -> str | None:
+        """The faster library implementation of the chain, or None when the library has none."""
+        times = {k: v for k, v in (("onednn", self.library_s), ("winograd", self.winograd_s)) if v is not None}
+        return min(times, key=times.get) if times else None
+
+    @property
+    def impl(self) -> str:
+        """What the chain runs in the per-chain choice: "generated", "onednn" or "winograd"."""
+        lib = self.library_impl
+        if lib is None:
+            return "generated"
+        lib_s = self.library_s if lib == "onednn" else self.winograd_s
+        return lib if self.generated_s is None or lib_s < self.generated_s else "generated"
+
+    @property
+    def use_library(self) -> bool:
+        return self.impl != "generated"
+
+    def as_dict(self) -> dict:
+        ms = lambda s: None if s is None else s * 1e3                     # noqa: E731
+        return {"op": self.op.label, "calls": self.calls, "library_ms": ms(self.library_s),
+                "winograd_ms": ms(self.winograd_s), "generated_ms": ms(self.generated_s), "tasks": self.tasks,
+                "choice": self.impl}
+
+
+def _chain_tasks(optimised, target):
+    """(signature, its chain as a module, the tasks that module compiles to) for every chain."""
+    from ..graph import extract_tasks
+    for op, mod in chain_modules(optimised).items():
+        yield op, mod, extract_tasks(mod, target)[0]
+
+
+def _time_winograd(op: LibraryOp, chain_mod, target, repeat: int = 5) -> float:
+    """Seconds per call of the chain as Winograd F(4x4,3x3), built and run through the Relax VM."""
+    from ..timing import time_vm
+    from ..graph import fuse
+    ex = tvm.compile(fuse(offload(chain_mod, {op: "winograd"}), target), target=target)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in chain_mod["main"].params]
+    return time_vm(ex, inputs, repeat=repeat, min_repeat_ms=100)
+
+
+def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None = None) -> float | None:
+    """Seconds per call of the chain on ``impl`` ("onednn": the fused call; "winograd"), or None
+    where it does not apply or fails (one warning line: the chain keeps its other paths).
+    ``times`` holds what this run measured already: tuning's ``task_floors`` and the build's
+    ``plan`` time each chain once between them."""
+    from .. import winograd
+    times = {} if times is None else times
+    if (op, impl) not in times:
+        if impl == "winograd" and not winograd.supports(op):
+            times[op, impl] = None
+            return None
+        try:
+            times[op, impl] = op.time(repeat=5) if impl == "onednn" else _time_winograd(op, chain_mod, target)
+        except Exception as e:                              # noqa: BLE001 - any failure of a library path
+            name, rest = ("oneDNN", "the generated kernel") if impl == "onednn" else \
+                ("Winograd", "oneDNN or the generated kernel")
+            print(f"adaptune: warning: {name} cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
+                  f"using {rest}", file=sys.stderr)
+            times[op, impl] = None
+    return times[op, impl]
+
+
+def plan(optimised, database, target, times: dict | None = None) -> list[Choice]:
+    """Time each chain's fused library call and look up its tuned kernel (see module doc).
+
+    A library call that raises (a shape or attribute oneDNN does not take) is reported in one
+    warning line and that chain stays generated.  ``times``: see ``library_time``."""
+    from ...measure.run import latency
+    counts = find_ops(optimised)
+    choices = []
+    for op, chain_mod, tasks in _chain_tasks(optimised, target):
+        lats = []
+        for t in tasks:
+            rec = database.query_tuning_record(t.mod, target, t.name) if database is not None else None
+            if rec is not None and rec.run_secs:
+                lats.append(latency(rec.run_secs))
+        generated = sum(lats) if len(lats) == len(tasks) and lats else None
+        choices.append(Choice(op, counts.get(op, 0), library_time(op, "onednn", chain_mod, target, times), generated,
+                              [t.name for t in tasks], library_time(op, "winograd", chain_mod, target, times)))
+    return choices
+
+
+def task_floors(optimised, tasks, target, times: dict | None = None) -> dict[str, float]:
+    """Per task that computes exactly one library chain, the fused library call's time: what a
+    tuned kernel must beat to be used (the scheduler spends trials where generated code can win).
+    ``times``: see ``library_time``."""
+    by_hash = {tvm_ffi.structural_hash(t.mod): t.name for t in tasks}
+    floors = {}
+    for op, chain_mod, chain_tasks in _chain_tasks(optimised, target):
+        name = by_hash.get(tvm_ffi.structural_hash(chain_tasks[0].mod)) if len(chain_tasks) == 1 else None
+        if name is not None and name not in floors:
+            found = [t for t in (library_time(op, impl, chain_mod, target, times) for impl in ("onednn", "winograd"))
+                     if t is not None]
+            if found:
+                floors[name] = min(found)
+    return floors
+
+
+def chosen(choices) -> dict[LibraryOp, str]:
+    """The signatures a plan gives to the library, with the implementation each runs."""
+    return {c.op: c.impl for c in choices if c.use_library}
+
+
+def eligible(choices) -> dict[LibraryOp, str]:
+    """Every signature the library can run, on its faster implementation (the all-library build)."""
+    return {c.op: c.library_impl for c in choices if c.library_impl is not None}
+
+
+def schedule_epilogues(mod) -> "tvm.IRModule":
+    """Parallelise and vectorise the unscheduled all-spatial PrimFuncs that ``offload`` leaves.
+
+    Written by hand: TVM's default CPU schedules (dlight.cpu) cover GEMV and reductions only, and
+    an elementwise kernel needs nothing more than inline, fuse, parallel, vectorise.  A kernel
+    that cannot be scheduled this way (several output blocks, e.g. a split) is left to TVM.
+    Updates ``mod`` in place (a module fresh from ``apply_database``) and returns it."""
+    from tvm import s_tir, tirx
+    for gv, func in list(mod.functions_items()):
+        if not isinstance(func, tirx.PrimFunc) or (func.attrs and func.attrs.get("tirx.is_scheduled")):
+            continue
+        sch = s_tir.Schedule(func)
+        try:
+            blocks = sch.get_child_blocks(sch.get_sblock("root"))
+            if not blocks or any(int(iv.iter_type) != 0 for b in blocks for iv in sch.get(b).iter_vars):
+                continue                                  # not purely spatial: leave it to TVM
+            for b in blocks[:-1]:
+                sch.compute_inline(b)
+            loop = sch.fuse(*sch.get_loops(blocks[-1]))
+            extent = int(sch.get(loop).extent)
+            vec = next(v for v in (16, 8, 4, 2, 1) if extent % v == 0)
+            outer, inner = sch.split(loop, [None, vec])
+            sch.parallel(outer)
+            if vec > 1:
+                sch.vectorize(inner)
+        except s_tir.ScheduleError:
+            continue
+        mod.update_func(gv, sch.mod["main"].with_attr("tirx.is_scheduled", True))
+    return mod

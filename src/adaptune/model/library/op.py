@@ -1,0 +1,82 @@
+"""``LibraryOp``: one fusable chain's signature (kind, shapes, attributes, epilogue), its label
+and FLOPs, and the time of its library call through the path the model uses."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+
+from ..timing import time_callable
+from .calls import (digest, onednn_conv2d, onednn_conv2d_add, onednn_linear, onednn_linear_add, torch_bmm,
+                    torch_layer_norm, torch_softmax)
+
+
+def shape_of(expr) -> tuple[int, ...]:
+    return tuple(int(d) for d in expr.ty.shape)
+
+
+@dataclass(frozen=True)
+class LibraryOp:
+    """One fusable chain's signature: kind, shapes, attributes and epilogue."""
+    kind: str                           # "conv2d" | "linear" | "bmm" | "softmax" | "layer_norm"
+    data: tuple[int, ...]               # conv2d: NHWC; linear: (..., in); bmm: (batch..., m, k); softmax: x
+    weight: tuple[int, ...]             # as the vendor op takes it: OIHW | (out, in); bmm: (batch..., k, n);
+                                        # softmax: the mask's shape, () without one; layer_norm: (C,)
+    out: tuple[int, ...]
+    attrs: tuple = ()                   # conv2d: (padding (h, w), strides, dilation, groups); softmax: (scale,);
+                                        # layer_norm: (eps,)
+    residual: bool = False              # a residual tensor added before the post-op (softmax: the mask)
+    post: str = "none"                  # unary post-op, scalars after colons ("hardtanh:0:6")
+
+    @property
+    def label(self) -> str:
+        tail = ("+add" if self.residual else "") + ("" if self.post == "none" else "+" + self.post.split(":")[0])
+        if self.kind == "conv2d":
+            pad, (sh, _), _, g = self.attrs
+            return (f"conv2d {self.data[3]}->{self.weight[0]} {self.weight[2]}x{self.weight[3]} s{sh} p{pad[0]}"
+                    f"{f' g{g}' if g > 1 else ''} @{self.data[1]}x{self.data[2]}{tail}")
+        if self.kind == "bmm":
+            return f"bmm {'x'.join(map(str, self.data))} @ {'x'.join(map(str, self.weight))}"
+        if self.kind == "softmax":
+            scale = f" *{self.attrs[0]:.4g}" if self.attrs[0] != 1.0 else ""
+            return f"softmax {'x'.join(map(str, self.data))}{scale}{'+mask' if self.residual else ''}"
+        if self.kind == "layer_norm":
+            return f"layer_norm {'x'.join(map(str, self.data))}"
+        return f"linear {'x'.join(map(str, self.data))} -> {self.weight[0]}{tail}"
+
+    @property
+    def flops(self) -> float:
+        if self.kind == "softmax":
+            return 5.0 * np.prod(self.out)                   # scale, mask, max, exp, sum, divide
+        if self.kind == "layer_norm":
+            return 8.0 * np.prod(self.out)                   # mean, variance, normalise, scale, shift
+        if self.kind == "conv2d":
+            return 2.0 * np.prod(self.out) * np.prod(self.weight[1:])
+        return 2.0 * np.prod(self.out) * (self.weight[-2] if self.kind == "bmm" else self.weight[1])   # k; in
+
+    def time(self, *, repeat: int = 5) -> float:
+        """Seconds per call of the fused library kernel, through the DLPack path the model uses."""
+        rng = np.random.default_rng(0)
+        if self.kind == "softmax":
+            x, mask = (tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in (self.data, self.weight))
+            return time_callable(lambda: torch_softmax(x, self.attrs[0], mask if self.residual else None),
+                                 repeat=repeat, min_repeat_ms=100)
+        if self.kind == "layer_norm":
+            x, g, b = (tvm.runtime.tensor(rng.standard_normal(s).astype("float32"))
+                       for s in (self.data, self.weight, self.weight))
+            return time_callable(lambda: torch_layer_norm(x, g, b, self.attrs[0]), repeat=repeat, min_repeat_ms=100)
+        arrays = [rng.standard_normal(s).astype("float32") for s in (self.data, self.weight, (self.weight[0],), self.out)]
+        x, w, b, other = (tvm.runtime.tensor(a) for a in arrays)
+        if self.kind == "bmm":
+            return time_callable(lambda: torch_bmm(x, w), repeat=repeat, min_repeat_ms=100)
+        key = digest(self, arrays[1], arrays[2])
+        if self.kind == "linear" and self.residual:
+            return time_callable(lambda: onednn_linear_add(x, other, w, b, key), repeat=repeat, min_repeat_ms=100)
+        if self.kind == "linear":
+            return time_callable(lambda: onednn_linear(x, w, b, self.post, key), repeat=repeat, min_repeat_ms=100)
+        if self.residual:
+            return time_callable(lambda: onednn_conv2d_add(x, other, w, b, *self.attrs, self.post, key),
+                                 repeat=repeat, min_repeat_ms=100)
+        return time_callable(lambda: onednn_conv2d(x, w, b, *self.attrs, self.post, key), repeat=repeat,
+                             min_repeat_ms=100)

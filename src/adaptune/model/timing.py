@@ -1,0 +1,86 @@
+"""Timing a compiled model or any callable the way TVM's evaluator does (median of repeats after a
+warm-up), and profiling a model per VM call."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import tvm
+from tvm import relax
+
+UNTUNED_CAP_S = 5.0     # the untuned baseline is timed once where its repeats would take longer
+
+
+def time_vm(executable, inputs, *, repeat: int = 10, min_repeat_ms: int = 200, cap_s: float | None = None) -> float:
+    """Median seconds per inference (TVM's time_evaluator, after a warm-up).  ``cap_s``: when the
+    repeats would take longer, the timed warm-up run is the answer (an untuned BERT takes ~25 s)."""
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    t = time.perf_counter()
+    vm["main"](*args)
+    one = time.perf_counter() - t
+    if cap_s is not None and one * repeat > cap_s:
+        return one
+    res = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*args)
+    return float(np.median(res.results))
+
+
+def time_callable(fn, *, repeat: int = 10, min_repeat_ms: int = 200, cap_s: float | None = None) -> float:
+    """Median seconds per call of ``fn`` in the same style as TVM's evaluator (for PyTorch / ORT);
+    ``cap_s`` as in ``time_vm``."""
+    fn()
+    t = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t, 1e-6)
+    if cap_s is not None and one * repeat > cap_s:
+        return one
+    number = max(1, int(min_repeat_ms / 1e3 / one))
+    samples = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - t) / number)
+    return float(np.median(samples))
+
+
+def _kind(symbol: str) -> str:
+    """Which group a VM call belongs to in ``profile``."""
+    if symbol.startswith(("adaptune.onednn", "adaptune.torch")):
+        return "library calls"
+    if any(k in symbol for k in ("transpose", "permute_dims", "layout_transform")):
+        return "layout transforms"
+    if symbol.startswith("vm.") or "reshape" in symbol or symbol.startswith("relax."):
+        return "other glue"
+    return "tuned kernels"
+
+
+def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
+    """Time per VM call of one inference (Relax VM instrumentation), median over ``runs``, grouped.
+
+    Returns rows ``{"call", "group", "calls", "ms"}`` sorted by time; a call's time includes the VM's
+    hand-over to it, which is what the model pays."""
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    samples: dict[str, list[float]] = {}
+    calls: dict[str, int] = {}
+    started: dict[str, float] = {}
+
+    def instrument(func, symbol, before, ret, *_):
+        if before:
+            started[symbol] = time.perf_counter()
+        else:
+            samples.setdefault(symbol, []).append(time.perf_counter() - started.pop(symbol))
+            calls[symbol] = calls.get(symbol, 0) + 1
+
+    vm["main"](*args)
+    vm.set_instrument(instrument)
+    samples.clear(), calls.clear()
+    for _ in range(runs):
+        vm["main"](*args)
+    vm.set_instrument(None)
+    rows = [{"call": k, "group": _kind(k), "calls": calls[k] // runs, "ms": sum(v) / runs * 1e3}
+            for k, v in samples.items()]
+    return sorted(rows, key=lambda r: -r["ms"])

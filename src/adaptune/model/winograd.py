@@ -1,0 +1,205 @@
+"""Winograd F(4x4, 3x3) for the NHWC graph's 3x3 convolutions: generated transforms around oneDNN.
+
+ResNet's 3x3 stride-1 convolutions already run at the machine's FMA peak as direct convolutions
+(oneDNN and ONNX Runtime's MLAS both do), so the only way past the fastest CPU runtimes there is
+less arithmetic.  Winograd's minimal filtering (Lavin & Gray, 2016) computes each 4x4 output tile
+from a 6x6 input tile with 36 multiplies per channel pair instead of 144:
+
+* input transform ``V = Bᵀ d B`` per tile: generated here as TIR (tile by tile on the calling
+  thread, 16 channels per vector, the transform unrolled with its zero coefficients left out);
+* 36 independent GEMMs ``M[ξ,ν] = V[ξ,ν] · U[ξ,ν]``: one oneDNN grouped 1x1 convolution (36 groups)
+  on the weight transformed once at compile time (``U = G g Gᵀ``) and pre-packed like every
+  library weight (``library.onednn_conv2d``);
+* output transform ``Y = Aᵀ M A`` fused with the chain's bias, residual add and ReLU / clip
+  (generated TIR, as the input transform).
+
+The transform matrices are TVM's own Cook-Toom construction (``topi.nn.winograd_util``).  Written
+by hand because no CPU library we can call exposes a Winograd convolution (PyTorch's oneDNN ops
+run the direct algorithm only; its NNPACK fails to initialise on these machines) and TVM's Relax
+legalisation has none.  ``library.plan`` times this path per chain beside the direct oneDNN call
+and the tuned kernel and keeps the fastest; the whole model is checked against its reference.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import tvm
+from tvm import relax
+
+M, R = 4, 3                   # output tile, kernel size
+ALPHA = M + R - 1             # input tile
+LANES = 16                    # channels per vector (one zmm, two ymm)
+
+
+@functools.lru_cache(maxsize=None)
+def matrices() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A, B, G) of F(4x4, 3x3): ``Y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A`` (TVM's Cook-Toom points)."""
+    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
+    a, b, g = _cook_toom_convolution(_interpolation_points(M + R - 2), M, R)
+    return tuple(np.asarray(x, np.float64) for x in (a, b, g))
+
+
+def supports(op) -> bool:
+    """Whether a ``library.LibraryOp`` chain can run as Winograd F(4x4, 3x3) here."""
+    if op.kind != "conv2d":
+        return False
+    pad, strides, dilation, groups = op.attrs
+    o, i, kh, kw = op.weight
+    return ((kh, kw) == (R, R) and tuple(strides) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1
+            and tuple(pad) == (1, 1) and o % LANES == 0 and i % LANES == 0 and op.data[0] == 1
+            and (op.post == "none" or op.post == "relu" or op.post.startswith("hardtanh:")))
+
+
+def tiles(h: int, w: int) -> tuple[int, int]:
+    return -(-h // M), -(-w // M)
+
+
+def weight_transform(w_oihw: np.ndarray) -> np.ndarray:
+    """(Co, Ci, 3, 3) -> the grouped 1x1 weight (36·Co, Ci, 1, 1); group ξ·6+ν holds ``G g Gᵀ[ξ,ν]``."""
+    _, _, g = matrices()
+    u = np.einsum("ak,oikl,bl->aboi", g, w_oihw.astype(np.float64), g)
+    co, ci = w_oihw.shape[:2]
+    return np.ascontiguousarray(u.reshape(ALPHA * ALPHA * co, ci, 1, 1).astype("float32"))
+
+
+def _lin(terms) -> str:
+    """``Σ c·t`` as TVMScript, zero coefficients left out and ±1 without a multiply."""
+    parts = []
+    for c, t in terms:
+        c = float(c)
+        if c == 0.0:
+            continue
+        sign = "-" if c < 0 else "+"
+        parts.append((sign, t if abs(c) == 1.0 else f"T.float32({abs(c)!r}) * {t}"))
+    if not parts:
+        return "T.float32(0)"
+    first_sign, first = parts[0]
+    s = first if first_sign == "+" else f"T.float32(0) - {first}"
+    return s + "".join(f" {sign} {t}" for sign, t in parts[1:])
+
+
+def _parse(src: str):
+    """TVMScript -> PrimFunc.  The loop nest goes in a root block and each (tile, channel block)
+    iteration in an opaque block: Relax's layout passes expect blocks in every PrimFunc."""
+    from tvm.script import tirx as T
+    out, shift = [], 0
+    for ln in src.splitlines():
+        if ln.startswith("    for t in"):
+            out.append('    with T.sblock("root"):')
+            shift = 4
+        out.append(" " * shift + ln)
+        if ln.lstrip().startswith("for co in"):
+            out.append(" " * (shift + len(ln) - len(ln.lstrip()) + 4) + 'with T.sblock("tile"):')
+            shift += 4
+    return tvm.script.from_source("\n".join(out), extra_vars={"T": T}, s_tir=True)
+
+
+def _prologue(params: str, tiles_: int, c: int, local: dict[str, int]) -> list[str]:
+    """A transform's TVMScript up to its first vectorised loop: tile by tile, 16 channels at a
+    time, ``local`` buffers of (rows, 16) floats.  The tiles run on the calling thread, not TVM's
+    pool: between two oneDNN calls a hand-over to TVM's pinned workers made the chain bimodal
+    (64@56: 0.60 or 1.09 ms), single-threaded it measured 0.53-0.61 ms (docs/decisions.md)."""
+    return (["@T.prim_func(private=True, s_tir=True)", f"def main({params}):",
+             '    T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})',
+             f"    for t in range({tiles_}):", f"        for co in range({c // LANES}):"]
+            + [f'            {name} = T.sblock_alloc_buffer(({rows}, {LANES}), "float32", scope="local")'
+               for name, rows in local.items()]
+            + [f"            for ci in T.vectorized({LANES}):"])
+
+
+def _stage(rows: int, cols: int, dst, terms) -> list[str]:
+    """One vectorised stage of a transform: ``dst(r, c) = Σ terms(r, c)`` for every (r, c)."""
+    return [f"                {dst(r, q)} = " + _lin(terms(r, q)) for r in range(rows) for q in range(cols)]
+
+
+def input_transform(h: int, w: int, c: int):
+    """PrimFunc ``x (1,H,W,C) -> V (1,Th,Tw,36·C)``, channel index ``(ξ·6+ν)·C + c``.
+
+    Each stage writes a small local buffer in its own vectorised loop: TVM's vectorizer mishandles
+    scalar ``let`` bindings inside a vectorised loop (wrong results), buffers it handles."""
+    _, b, _ = matrices()
+    th, tw = tiles(h, w)
+    ty, tx = f"(t // {tw})", f"(t % {tw})"
+    ch = f"co * {LANES} + ci"
+    lines = _prologue(f'x: T.Buffer((1, {h}, {w}, {c}), "float32"), '
+                      f'v: T.Buffer((1, {th}, {tw}, {ALPHA * ALPHA * c}), "float32")',
+                      th * tw, c, {"d": ALPHA * ALPHA, "u": ALPHA * ALPHA})
+    for i in range(ALPHA):
+        for j in range(ALPHA):
+            y, xx = f"({ty} * {M} + {i - 1})", f"({tx} * {M} + {j - 1})"
+            inside = f"{y} >= 0 and {y} < {h} and {xx} >= 0 and {xx} < {w}"
+            load = f"x[0, T.max(T.min({y}, {h - 1}), 0), T.max(T.min({xx}, {w - 1}), 0), {ch}]"  # clamped: never out of bounds
+            lines.append(f"                d[{i * ALPHA + j}, ci] = T.if_then_else({inside}, {load}, T.float32(0))")
+    lines.append(f"            for ci in T.vectorized({LANES}):")
+    lines += _stage(ALPHA, ALPHA, lambda xi, j: f"u[{xi * ALPHA + j}, ci]",
+                    lambda xi, j: ((b[i, xi], f"d[{i * ALPHA + j}, ci]") for i in range(ALPHA)))
+    lines.append(f"            for ci in T.vectorized({LANES}):")
+    lines += _stage(ALPHA, ALPHA, lambda xi, nu: f"v[0, {ty}, {tx}, {(xi * ALPHA + nu) * c} + {ch}]",
+                    lambda xi, nu: ((b[j, nu], f"u[{xi * ALPHA + j}, ci]") for j in range(ALPHA)))
+    return _parse("\n".join(lines))
+
+
+def _post(expr: str, post: str) -> str:
+    if post == "relu":
+        return f"T.max({expr}, T.float32(0))"
+    if post.startswith("hardtanh:"):
+        lo, hi = (float(s) for s in post.split(":")[1:3])
+        return f"T.min(T.max({expr}, T.float32({lo!r})), T.float32({hi!r}))"
+    return expr
+
+
+def output_transform(h: int, w: int, c: int, residual: bool, post: str):
+    """PrimFunc ``M (1,Th,Tw,36·C), bias (C,) [, residual (1,H,W,C)] -> Y (1,H,W,C)``: the inverse
+    transform, then ``+ bias (+ residual)`` and the post-op, storing the tile's in-bounds pixels."""
+    a, _, _ = matrices()
+    th, tw = tiles(h, w)
+    ty, tx = f"(t // {tw})", f"(t % {tw})"
+    ch = f"co * {LANES} + ci"
+    res_arg = f'r: T.Buffer((1, {h}, {w}, {c}), "float32"), ' if residual else ""
+    lines = _prologue(f'm: T.Buffer((1, {th}, {tw}, {ALPHA * ALPHA * c}), "float32"), '
+                      f'bias: T.Buffer(({c},), "float32"), {res_arg}y: T.Buffer((1, {h}, {w}, {c}), "float32")',
+                      th * tw, c, {"s": ALPHA * M})
+    lines += _stage(ALPHA, M, lambda xi, bb: f"s[{xi * M + bb}, ci]",
+                    lambda xi, bb: ((a[nu, bb], f"m[0, {ty}, {tx}, {(xi * ALPHA + nu) * c} + {ch}]") for nu in range(ALPHA)))
+    lines.append(f"            for ci in T.vectorized({LANES}):")
+    for aa in range(M):
+        for bb in range(M):
+            y, xx = f"({ty} * {M} + {aa})", f"({tx} * {M} + {bb})"
+            e = f"({_lin((a[xi, aa], f's[{xi * M + bb}, ci]') for xi in range(ALPHA))}) + bias[{ch}]"
+            if residual:
+                e += f" + r[0, {y}, {xx}, {ch}]"
+            store = f"y[0, {y}, {xx}, {ch}] = {_post(e, post)}"
+            conds = ([f"{y} < {h}"] if h % M else []) + ([f"{xx} < {w}"] if w % M else [])
+            if conds:
+                lines.append(f"                if {' and '.join(conds)}:")
+                lines.append(f"                    {store}")
+            else:
+                lines.append(f"                {store}")
+    return _parse("\n".join(lines))
+
+
+def call(op, x, w_oihw: np.ndarray, bias: np.ndarray, residual, digest: int, add_func) -> relax.Expr:
+    """The chain as Relax: input transform, the grouped GEMM on oneDNN, output transform.
+
+    ``add_func(name, prim_func) -> GlobalVar`` puts a transform into the module being rewritten."""
+    from .library.calls import CONV
+    _, h, w, ci = op.data
+    co = op.weight[0]
+    th, tw = tiles(h, w)
+    gemm_in = relax.TensorType((1, th, tw, ALPHA * ALPHA * ci), "float32")
+    gemm_out = relax.TensorType((1, th, tw, ALPHA * ALPHA * co), "float32")
+    tag = f"{h}x{w}x{ci}"
+    v = relax.call_tir(add_func(f"winograd_input_{tag}", input_transform(h, w, ci)), [x], gemm_in)
+    u = weight_transform(w_oihw)
+    groups = ALPHA * ALPHA
+    m = relax.call_pure_packed(
+        CONV, v, relax.const(u), relax.const(np.zeros(groups * co, "float32")),
+        relax.ShapeExpr([0, 0]), relax.ShapeExpr([1, 1]), relax.ShapeExpr([1, 1]), relax.prim_value(groups),
+        relax.expr.String("none"), relax.prim_value(digest ^ 0x5717), ty_args=gemm_out)
+    name = f"winograd_output_{h}x{w}x{co}{'_add' if residual is not None else ''}_{op.post.replace(':', '_')}"
+    args = [m, relax.const(np.ascontiguousarray(bias, "float32"))] + ([residual] if residual is not None else [])
+    out = add_func(name.replace(".", "p").replace("-", "m"),
+                   output_transform(h, w, co, residual is not None, op.post))
+    return relax.call_tir(out, args, relax.TensorType(op.out, "float32"))

@@ -1,0 +1,1 @@
+"""Tooling for tests and fault benchmarks: kernels and wrappers that misbehave on purpose."""
