@@ -110,7 +110,7 @@ def test_winograd_chains_match_pytorch_and_load_in_a_fresh_process(target, empty
     # exported, it loads and runs in a fresh process (the oneDNN GEMM registers on import)
     lib = C.export(ex, tmp_path / "wino.so")
     np.save(tmp_path / "x.npy", x[0])
-    code = ("import sys, numpy as np; from adaptune import compile as C; "
+    code = ("import sys, numpy as np; from adaptune.model import compile as C; "
             "np.save(sys.argv[3], C.run_vm(C.load(sys.argv[1]), [np.load(sys.argv[2])])[0])")
     subprocess.run([sys.executable, "-c", code, str(lib), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
                    check=True, capture_output=True)
@@ -276,7 +276,7 @@ def test_cli_flag_switches_library_off_and_exported_model_loads_in_a_fresh_proce
     assert said and int(said[1]) + int(said[2] or 0) == 4
     x = demo.example_inputs(seed=5)
     np.save(tmp_path / "x.npy", x[0])
-    code = ("import sys, numpy as np; from adaptune import compile as C; "
+    code = ("import sys, numpy as np; from adaptune.model import compile as C; "
             "print(repr(C.run_vm(C.load(sys.argv[1]), [np.load(sys.argv[2])])[0].tolist()))")
     for lib in (off, on):
         out = subprocess.run([sys.executable, "-c", code, str(lib), str(tmp_path / "x.npy")],
