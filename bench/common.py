@@ -16,8 +16,8 @@ from adaptune import tune_tir
 from adaptune.measure.build import fast_build
 from adaptune._tvm import ms
 from adaptune.cli.ops import check_numerics
-from adaptune.measure.records import RECORDS
-from adaptune.measure.run import MeasureResult, Measurer
+from adaptune.measure.run import MeasureResult, Measurer, latency
+from adaptune.measure.workdir import WorkDir
 from adaptune.search.knobs import space_generator
 from adaptune.search.strategies import make_strategy
 
@@ -111,14 +111,14 @@ def ms_curve(wd: Path, wall: float) -> list:
     lats = []
     for ln in lines:
         secs = [float(x) for x in json.loads(ln)[1][1] or []]
-        lats.append(float(np.median(secs)) if secs and max(secs) < 1e9 else None)
+        lats.append(latency(secs) if secs and max(secs) < 1e9 else None)
     return _curve(lats, [wall * i / len(lines) for i in range(1, len(lines) + 1)])
 
 
 def adaptune_curve(wd: Path) -> list:
     """Our convergence curve from a work dir's ``adaptune_records.jsonl`` (one line per measured
     candidate, in measurement order; elapsed time from the first record's timestamp)."""
-    rows = [json.loads(ln) for ln in (wd / RECORDS).read_text().splitlines() if ln.strip()]
+    rows = WorkDir(wd).records()
     lats = [MeasureResult(r["error"], r["run_secs"]).latency for r in rows]
     return _curve(lats, [r["time"] - rows[0]["time"] for r in rows])
 

@@ -24,6 +24,7 @@ import torch
 from adaptune.measure import run as measure
 from adaptune.model.frontends import load_model
 from adaptune.model.timing import time_callable
+from adaptune.measure.verify import TOLERANCE, max_relative_error
 
 
 def _compile(module, work_dir: Path, trials: int):
@@ -33,10 +34,8 @@ def _compile(module, work_dir: Path, trials: int):
 
 def _max_error(got, want) -> float:
     from torch.utils._pytree import tree_leaves
-
-    from adaptune.measure.verify import output_scale
-    pairs = list(zip(tree_leaves(got), tree_leaves(want)))
-    return max(float((g - w).abs().max()) / output_scale(w.numpy()) for g, w in pairs)
+    return max_relative_error([g.detach().numpy() for g in tree_leaves(got)],
+                              [w.detach().numpy() for w in tree_leaves(want)])
 
 
 def run(name: str, trials: int, out: Path, rounds: int) -> dict:
@@ -52,7 +51,7 @@ def run(name: str, trials: int, out: Path, rounds: int) -> dict:
         got = compiled(*args, **kwargs)
         first_s = time.perf_counter() - t
         error = _max_error(got, want)
-        assert error < 1e-3, f"{name}: compiled output differs from eager (max error {error:.1e})"
+        assert error <= TOLERANCE, f"{name}: compiled output differs from eager (max error {error:.1e})"
 
         def refuse(*_a, **_k):
             raise AssertionError("the second compile measured a kernel")

@@ -20,16 +20,17 @@ import sys
 import time
 from pathlib import Path
 
+from adaptune.cli.common import positive_int
 from adaptune.model import compile as C
 from adaptune.measure.build import fast_build
 from adaptune._tvm import ms
 from adaptune.model.evaluate import evaluate, thread_settings
 from adaptune.model.frontends import load_model
 from adaptune.model.graph import fuse, optimise
-from adaptune.model.timing import time_vm
 from adaptune.measure.run import Measurer
 from adaptune.scheduler import tune_model
 from adaptune.measure.target import host_target
+from adaptune.measure.workdir import WorkDir
 
 
 def tune_ms(model, target, trials, batch, wd: Path, timeout=30.0) -> float:
@@ -61,9 +62,9 @@ def table(ev, wall) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenetv2"])
-    ap.add_argument("--trials", type=int, default=200, help="adaptune's trial budget per model")
+    ap.add_argument("--trials", type=positive_int, default=200, help="adaptune's trial budget per model")
     ap.add_argument("--strategy", default="chameleon")
-    ap.add_argument("--rounds", type=int, default=7, help="timing rounds, contenders alternated")
+    ap.add_argument("--rounds", type=positive_int, default=7, help="timing rounds, contenders alternated")
     ap.add_argument("--ms", action="store_true", help="also tune with MetaSchedule's evolutionary search")
     ap.add_argument("--ms-batch", type=int, default=16)
     ap.add_argument("--reuse", action="store_true", help="reuse a finished work dir in --out instead of tuning")
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
         model = load_model(name)
         wd = out / f"{name}-adaptune"
         wall = 0.0
-        if not (args.reuse and (wd / "model.json").is_file()):
+        if not (args.reuse and WorkDir(wd).is_model()):
             shutil.rmtree(wd, ignore_errors=True)
             print(f"\n{name}: tuning with adaptune {args.strategy}, {args.trials} trials ...", flush=True)
             wall = tune_model(model, target, trials=args.trials, strategy=args.strategy, work_dir=wd).wall_time
@@ -94,12 +95,11 @@ def main(argv=None) -> int:
         if args.ms:
             wd_m = out / f"{name}-ms-evolutionary"
             wall_m = tune_ms(model, target, args.trials, args.ms_batch, wd_m)
-            ex = C.build_tuned(model, C.open_database(wd_m), target)
-            err = C.check(ex, model)
-            t = time_vm(ex, model.example_inputs())
-            print(f"  MetaSchedule evolutionary, all generated: {t * 1e3:.3f} ms (max error {err:.1e}), "
-                  f"tuning {wall_m / 60:.1f} min")
-            rows["ms_evolutionary"] = {"latency_ms": t * 1e3, "max_error": err, "tuning_s": wall_m}
+            gen = evaluate(model, target, C.open_database(wd_m), library=False, anchors=False,
+                           rounds=args.rounds).row("adaptune-generated")
+            print(f"  MetaSchedule evolutionary, all generated: {gen.latency_ms:.3f} ms (max error "
+                  f"{gen.max_error:.1e}), tuning {wall_m / 60:.1f} min")
+            rows["ms_evolutionary"] = {"latency_ms": gen.latency_ms, "max_error": gen.max_error, "tuning_s": wall_m}
         results[name] = rows
         (out / "e2e.json").write_text(json.dumps(results, indent=1))
     print("\nsummary (median latency ratios):")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from adaptune.testing import faults
 from adaptune import tune_tir
-from adaptune.measure.records import RECORDS
+from adaptune.measure.workdir import WorkDir
 from adaptune.measure.run import Measurer, RPCError
 from adaptune.measure.target import host_target
 from adaptune.model.workloads import get_workload
@@ -33,16 +33,7 @@ TARGET = host_target()
 
 
 def records(wd: Path) -> list[dict]:
-    path = wd / RECORDS
-    if not path.exists():
-        return []
-    out = []
-    for ln in path.read_text().splitlines():
-        try:
-            out.append(json.loads(ln))
-        except ValueError:
-            pass
-    return out
+    return WorkDir(wd).records()
 
 
 def lost(before: list[dict], after: list[dict]) -> int:
@@ -96,7 +87,7 @@ def sigkill(wd, kills=3):
 def corrupt_line(wd):
     tune(wd, 4)
     before = records(wd)
-    with open(wd / RECORDS, "a") as f:
+    with open(WorkDir(wd).records_path(), "a") as f:
         f.write('{"config": [3, 1')                           # torn write
     with open(wd / "database_tuning_record.json", "a") as f:
         f.write("garbage\n")

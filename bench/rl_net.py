@@ -13,12 +13,13 @@ import argparse
 import math
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from adaptune.search.space import KnobSpace
 from adaptune.search.strategies import make_strategy
-from adaptune.search.strategies.rl_direct import PAPER_LAYERS
+from adaptune.search.strategies.ppo import WOODPECKER
 from adaptune.measure.target import host_target
 from adaptune.tuner import TuneState
 from adaptune.model.workloads import get_workload
@@ -28,7 +29,7 @@ def run(space, hidden, seed, budget, batch=8):
     rng = np.random.default_rng(1000 + seed)
     opt, w = rng.random(space.ndim), rng.uniform(0.5, 4.0, space.ndim)
     state = TuneState(space, seed=seed)
-    strat = make_strategy("rl-direct", hidden=hidden)
+    strat = make_strategy("rl-direct", ppo=replace(WOODPECKER, hidden=hidden))
     strat.setup(state)
     best, curve, t0 = math.inf, [], time.perf_counter()
     while len(state.measured_keys()) < budget:
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
     marks = [args.budget * q // 4 for q in (1, 2, 3, 4)]
     print(f"rl-direct on synthetic surfaces, {space.ndim} knobs, {args.seeds} seeds, budget {args.budget}")
     print(f"{'network':34s} " + " ".join(f"best@{m:<4d}" for m in marks) + "  seconds")
-    for name, hidden in (("2x64", 64), ("512-1024-1024-512 (paper, default)", PAPER_LAYERS)):
+    for name, hidden in (("2x64", 64), ("512-1024-1024-512 (paper, default)", WOODPECKER.hidden)):
         rows, secs = [], 0.0
         for seed in range(args.seeds):
             curve, s = run(space, hidden, seed, args.budget)

@@ -28,6 +28,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, needle):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_tune_op_reports_and_checks_numerics(tmp_path):
     out = run("tune-op", "tiny-dense", "--trials", "6", "--work-dir", str(tmp_path / "wd"), "--strategy", "random")
     assert out.returncode == 0, out.stderr

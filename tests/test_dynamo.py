@@ -29,6 +29,7 @@ def _compiled(model, work_dir):
     return torch.compile(model, backend="adaptune", options={"trials": 2, "work_dir": str(work_dir), "library": False})
 
 
+@pytest.mark.slow
 def test_the_dynamo_backend_tunes_each_graph_and_reuses_its_work_dir(tmp_path, monkeypatch, capsys):
     torch.manual_seed(0)
     model = Broken().eval()

@@ -14,7 +14,8 @@ from torch import nn
 
 from adaptune.model import compile as C
 from adaptune.cli import main
-from adaptune.cli.models import _Bad, _input
+from adaptune.cli.common import UsageError
+from adaptune.cli.models import _input
 from adaptune.model.frontends import InputSpec, ModelError, embedding_vocab, load_model
 from adaptune.model.frontends.model import _draw
 
@@ -48,7 +49,7 @@ def test_input_specs_parse(text, spec):
     ("x:1,8:float32:0:inf", "not finite"),
 ])
 def test_bad_input_specs_are_one_line_exit_2(text, message, capsys):
-    with pytest.raises(_Bad, match=message):
+    with pytest.raises(UsageError, match=message):
         _input(text)
     assert main(["bench", "demo-cnn", "--input", text]) == 2
     assert message in _one_error_line(capsys)

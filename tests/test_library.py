@@ -263,6 +263,7 @@ def test_an_epilogue_with_several_output_blocks_compiles(target):
     np.testing.assert_allclose(np.concatenate([g.numpy() for g in got], axis=1), a + 1)
 
 
+@pytest.mark.slow
 def test_cli_flag_switches_library_off_and_exported_model_loads_in_a_fresh_process(
         empty_db, tmp_path, capsys):
     demo = load_model("demo-cnn")
@@ -284,6 +285,7 @@ def test_cli_flag_switches_library_off_and_exported_model_loads_in_a_fresh_proce
         np.testing.assert_allclose(np.array(eval(out)), demo.reference(x)[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_bench_json_holds_every_row_each_checked(empty_db, tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "demo-cnn", "--db", str(empty_db), "--json", str(out), "--rounds", "1", "--profile"]) == 0

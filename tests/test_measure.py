@@ -1,9 +1,11 @@
 import numpy as np
+import pytest
 
 from adaptune.testing import faults as faulty
 from adaptune.measure.run import CRASH, OK, TIMEOUT, Measurer
 
 
+@pytest.mark.slow
 def test_good_crashing_and_hanging_kernels_all_come_back(conv_space, target):
     good = [conv_space.decode(c)[0].mod for c in conv_space.random(2, np.random.default_rng(0))]
     seen = []

@@ -91,7 +91,7 @@ def test_relax_module_frontend_uses_the_untuned_build_as_reference(target):
     assert C.check(C.build_untuned(m, target), m) == 0.0
 
 
-@pytest.mark.parametrize("name", ["alexnet", "vgg16", "mobilenetv2"])
+@pytest.mark.parametrize("name", ["alexnet", "vgg16", pytest.param("mobilenetv2", marks=pytest.mark.slow)])
 def test_zoo_models_import_and_split_into_tasks(name, target):
     from adaptune.model import zoo
     m = load_model(name)
@@ -236,6 +236,7 @@ def test_the_database_serves_the_untuned_kernel_where_it_is_the_fastest(tuned, t
             assert tvm_ffi.structural_equal(sch.mod, t.mod)
 
 
+@pytest.mark.slow
 def test_interrupted_model_tuning_is_resumable(tiny_onnx, target, tmp_path):
     model = load_model(str(tiny_onnx))
     wd = tmp_path / "wd"
@@ -256,6 +257,8 @@ def test_interrupted_model_tuning_is_resumable(tiny_onnx, target, tmp_path):
     (["tune", "no-such-model"], "unknown model"),
     (["tune", "missing.onnx"], "model file not found"),
     (["tune", "demo-cnn", "--trials", "0"], "--trials must be a positive"),
+    (["tune", "demo-cnn", "--batch-size", "-1"], "--batch-size must be a positive integer, got '-1'"),
+    (["bench", "demo-cnn", "--rounds", "0"], "--rounds must be a positive integer, got '0'"),
     (["tune", "demo-cnn", "--input-shape", "1,3,x"], "--input-shape"),
     (["tune", "demo-cnn", "--target", "{bad json"], "target"),
     (["compile", "demo-cnn", "--db", "no-such-dir", "-o", "m.so"], "not an adaptune"),

@@ -83,3 +83,11 @@ def test_explore_can_return_each_candidates_reward():
     scored = ~np.isnan(scores)
     assert np.allclose(scores[scored], fitness(configs[scored]))
     assert {tuple(c) for c in configs[~scored].tolist()} <= {tuple(c) for c in init.tolist()}
+
+
+def test_the_presets_are_chameleons_table_9_and_woodpeckers():
+    from adaptune.search.strategies.ppo import CHAMELEON, WOODPECKER
+
+    c = CHAMELEON
+    assert (c.lr, c.gamma, c.gae_lambda, c.epochs, c.clip, c.vf_coef, c.ent_coef) == (1e-3, 0.9, 0.99, 3, 0.3, 1.0, 0.1)
+    assert WOODPECKER.hidden == (512, 1024, 1024, 512) and WOODPECKER.vf_coef == 0.15     # its four FC layers, c1

@@ -81,7 +81,7 @@ def test_repaired_decision_is_reported_invalid(target):
 def test_tune_state_resolves_configs_to_the_key_tvm_measures(target, conv_space):
     """A rejected config resolves to None and is remembered as invalid; a location TVM moves
     resolves to the location it settled on (the key its measurement is recorded under)."""
-    from adaptune.tuner import TuneState
+    from adaptune.search.state import TuneState
     sp = KnobSpace(get_workload("tiny-dense").mod(), target, seed=3)
     k = next(i for i, kn in enumerate(sp.knobs) if kn.kind == TILE and kn.extent == 64)
     sp.knobs[k].values.append((3, 1, 1, 21))        # product 63: TVM repairs it
@@ -110,7 +110,7 @@ def test_configs_that_give_one_kernel_share_one_key(conv_space):
     """Tilings that differ only in where a unit-extent loop sits often give the same loop nest once
     TVM simplifies it: such configs resolve to one key, and once one is measured the others count
     as measured (never timed again)."""
-    from adaptune.tuner import TuneState
+    from adaptune.search.state import TuneState
     state = TuneState(conv_space)
     tiles = [i for i, kn in enumerate(conv_space.knobs) if kn.kind == TILE and kn.size > 1]
     shared = 0

@@ -45,6 +45,7 @@ def test_strategy_end_to_end_with_real_measurements(tmp_path, target, strategy):
     tvm.compile(sch.mod, target=target)
 
 
+@pytest.mark.slow
 def test_resume_measures_nothing_twice_and_tolerates_torn_lines(tmp_path, target, caplog):
     first = tune_tir(DENSE.mod(), target, strategy="sa", trials=6, batch_size=3, work_dir=tmp_path, seed=2)
     assert first.trials == 6
@@ -101,6 +102,7 @@ class _Injecting(Measurer):
         return super().measure(mods, on_result)
 
 
+@pytest.mark.slow
 def test_crashing_and_hanging_candidates_do_not_stop_the_run(tmp_path, target):
     res = tune_tir(DENSE.mod(), target, strategy="sa", trials=8, batch_size=4, work_dir=tmp_path, seed=3,
                    measurer=_Injecting(target, timeout=5))
@@ -110,6 +112,7 @@ def test_crashing_and_hanging_candidates_do_not_stop_the_run(tmp_path, target):
     assert errors.count("crash") == 1 and errors.count("timeout") == 1 and errors.count("ok") == 6
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_loses_nothing(tmp_path):
     wd = tmp_path / "wd"
     cmd = [sys.executable, "-m", "adaptune.cli", "tune-op", "tiny-dense", "--trials", "40", "--batch-size", "4",
@@ -151,6 +154,7 @@ def test_metaschedule_runs_an_adaptune_strategy(tmp_path, target):
     assert sch is not None and check_numerics(DENSE, sch, target)[0]
 
 
+@pytest.mark.slow
 def test_metaschedule_strategy_resumes_from_its_database(tmp_path, target):
     """A database that knows the workload but holds no record, then one that holds the first run's
     records: both start (the records' kernels are registered, none is measured again)."""

@@ -91,20 +91,21 @@ def _compile(model, folder: Path, opts: dict):
     """Tune ``model`` into ``folder`` (unless a former call did) and build it: (executable, summary)."""
     from .model import compile as C
     from .model.graph import optimise
-    from .scheduler import MODEL_META, _write_json, tune_model
     from .measure.target import parse_target
+    from .measure.workdir import WorkDir, write_json
+    from .scheduler import tune_model
     target = parse_target(opts["target"])
     saved = _saved_choice(folder, optimise(model.mod))
     if saved is not None:                                   # a former call's build: measure nothing
         ex = C.build_tuned(model, C.open_database(folder), target, *saved)
         error = C.check(ex, model)
         return ex, f"rebuilt from {folder} (nothing measured), max error {error:.1e}"
-    resume = (folder / MODEL_META).is_file()
+    resume = WorkDir(folder).is_model()
     result = tune_model(model, target, trials=opts["trials"], strategy=opts["strategy"], work_dir=folder,
                         resume=resume, library=opts["library"])
     best = C.build_best(model, C.open_database(folder), target, library=opts["library"],
                         library_times=result.library_times)
-    _write_json(folder / CHOICE, {"build": best.best.name, "seconds": best.best.seconds, "serial": best.best.serial,
+    write_json(folder / CHOICE, {"build": best.best.name, "seconds": best.best.seconds, "serial": best.best.serial,
                                   "library": {repr(op): impl for op, impl in best.best.library.items()}})
     return best.best.executable, (f"{result.new_trials} trials measured, {best.best.name} build "
                                   f"{best.best.seconds * 1e3:.3f} ms, max error {best.best.error:.1e}")

@@ -14,6 +14,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
 
 from ._tvm import ms
+from .measure.run import latency
 from .search.space import KnobSpace
 from .search.strategies import make_strategy
 from .search.state import TuneState
@@ -34,17 +35,17 @@ class MetaScheduleStrategy(PySearchStrategy):
                           postprocs=self.postprocs)
         self.state = TuneState(space, seed=self.seed)
         self.strategy = make_strategy(self.strategy_spec, **self.options)
-        self.strategy.setup(self.state)
+        self.strategy.setup(self.state.context)
         self.max_trials, self.per_iter, self.done = max_trials, num_trials_per_iter, 0
         self.pending: list[np.ndarray] = []
         if database is not None and database.has_workload(space.mod):     # reuse earlier records
+            configs, lats = [], []
             for rec in database.get_top_k(database.commit_workload(space.mod), 1 << 30):
                 config = space.encode(rec.trace)
                 if config is not None:
-                    self.state.record([config], [float(np.median([float(x) for x in rec.run_secs]))])
-            if self.state.results:      # their kernels, so no alias of one is measured again
-                self.state.resolve(np.array(list(self.state.results), dtype=np.int64))
-            self.state.refit()
+                    configs.append(config)
+                    lats.append(latency(rec.run_secs))
+            self.state.resume(np.array(configs, dtype=np.int64).reshape(-1, space.ndim), lats)
 
     def post_tuning(self) -> None:
         self.pending = []
@@ -65,12 +66,9 @@ class MetaScheduleStrategy(PySearchStrategy):
     def notify_runner_results(self, measure_candidates, results) -> None:
         t0 = time.perf_counter()
         self.state.measure_s = t0 - self.handed_out
-        lats = [float(np.median([float(x) for x in r.run_secs])) if r.error_msg is None and r.run_secs else None
-                for r in results]
+        lats = [latency(r.run_secs) if r.error_msg is None and r.run_secs else None for r in results]
         self.done += len(results)
-        self.state.record(self.pending, lats)
-        self.state.refit()
-        self.strategy.update(np.array(self.pending), lats)
+        self.state.after_measure(self.strategy, np.array(self.pending), lats)
         self.state.overhead_s = self.generate_s + time.perf_counter() - t0
 
     def clone(self) -> "MetaScheduleStrategy":

@@ -1,7 +1,6 @@
 """Tuning a whole model: one trial budget shared across its tasks, one database, resumable.
 
-Allocation rule (ours; simpler than TVM's gradient task scheduler and, on ResNet-18, steadier:
-a gradient rule chased one task's small, noisy gains while the others stayed at their warm-up):
+Allocation rule (ours, simpler and steadier than TVM's gradient task scheduler):
 
 1. *Warm-up*: every task, heaviest (FLOPs x weight) first, gets one round of
    ``max(1, min(batch, trials // (2 * n_tasks)))`` trials, so no kernel stays untuned and the
@@ -14,26 +13,22 @@ a gradient rule chased one task's small, noisy gains while the others stayed at 
 3. *The library's time* (``library=True``): a task whose chain oneDNN runs as one fused call
    (``library.task_floors``) is worth tuning only where a kernel can beat that call, so while the
    library is faster its claim is scaled by ``(library / current)^2`` (a task 3x slower than oneDNN
-   gets a ninth of its claim: on BERT-base the linear scaling still gave the dense layers, which
-   oneDNN runs at the FMA peak, 35 of 64 trials), and the model estimate counts the faster of the two.  Trials go
-   to the kernels generated code can win: depthwise and odd shapes, pooling, elementwise chains.
+   gets a ninth of its claim), and the model estimate counts the faster of the two.  Trials go to
+   the kernels generated code can win: depthwise and odd shapes, pooling, elementwise chains.
 
-Work-dir layout: TVM's JSONDatabase files at the top (usable as-is by ``ms.relax_integration``),
-``tasks/<task>.jsonl`` knob-vector logs (every outcome, failures included), and ``model.json``
-(model, target, tasks with weight, FLOPs and untuned latency, graph-pass summary).
+Work dir: the model layout of ``measure.workdir`` (TVM's JSONDatabase, usable as-is by
+``ms.relax_integration``; ``tasks/<task>.jsonl``; ``model.json`` with the tasks' weight, FLOPs and
+untuned latency and the graph-pass summary), locked while the run writes it.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from ._tvm import ms
-from .measure.records import WorkDirError, repair_jsonl, TVM_FILES
+from .measure.workdir import WorkDir, WorkDirError
 from .model.frontends import Model
 from .model.graph import extract_tasks, optimise, pass_report
 from .measure.run import Measurer
@@ -42,7 +37,6 @@ from .tuner import TaskTuner
 
 log = logging.getLogger("adaptune")
 
-MODEL_META = "model.json"
 SMALL_SHARE = 0.01
 
 
@@ -105,12 +99,6 @@ def next_task(tasks: list[TaskSummary]) -> int | None:
     return -max(live)[1] if live else None
 
 
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
 def _commit_untuned(db, tasks, baselines, target) -> None:
     """Record each untuned kernel as a candidate: a tiny op that only gets slower when
     parallelised keeps TVM's plain code, because compilation applies the fastest record.
@@ -132,15 +120,6 @@ def untuned_trace(mod):
     return sch.trace
 
 
-def check_model_work_dir(work_dir, resume: bool) -> None:
-    d = Path(work_dir)
-    if (d / MODEL_META).exists() and not resume:
-        raise WorkDirError(f"work dir {d} already has tuning records; pass --resume to continue it "
-                           "or choose another --work-dir")
-    if resume and not (d / MODEL_META).exists():
-        raise WorkDirError(f"--resume: {d} is not a model work dir (no {MODEL_META})")
-
-
 def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = "chameleon", work_dir,
                resume: bool = False, seed: int = 0, batch_size: int | None = None,
                measurer: Measurer | None = None, library: bool = True,
@@ -152,17 +131,23 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
     measurement; ``on_stage(text)`` when a long preparatory step starts."""
     if trials <= 0:
         raise ValueError("trials must be positive")
-    target = parse_target(target)
-    stage = on_stage or (lambda s: None)
-    wd = Path(work_dir)
-    check_model_work_dir(wd, resume)
+    wd = WorkDir(work_dir)
+    wd.check_model(resume)
+    with wd.lock():
+        return _tune_locked(model, parse_target(target), wd, trials=trials, strategy=strategy, resume=resume,
+                            seed=seed, batch_size=batch_size, measurer=measurer, library=library,
+                            on_progress=on_progress, stage=on_stage or (lambda s: None))
+
+
+def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, batch_size, measurer, library,
+                 on_progress, stage) -> ModelTuneResult:
+    """``tune_model`` while it holds the work dir's lock."""
     t0 = time.perf_counter()
     stage("graph passes and task extraction")
     optimised = optimise(model.mod)
     tasks, fuse_summary = extract_tasks(optimised, target)
     passes = {**pass_report(model.mod, optimised), **fuse_summary}
-    meta_path = wd / MODEL_META
-    old = json.loads(meta_path.read_text()) if resume else None
+    old = wd.model() if resume else None
     if old is not None and (old["target"] != str(target) or old["model"] != model.source):
         raise WorkDirError(f"work dir {wd} was tuned for {old['model']} on {old['target']}; use a separate work dir")
     owns_measurer = measurer is None
@@ -181,9 +166,7 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
         stage("timing oneDNN's fused calls for the tasks it covers")
         floors = task_floors(optimised, tasks, target, library_times)
     floors = floors if library else {}
-    wd.mkdir(parents=True, exist_ok=True)
-    for name in TVM_FILES:
-        repair_jsonl(wd / name)
+    wd.repair_database()
     db = ms.database.JSONDatabase(work_dir=str(wd))
     if old is None:
         _commit_untuned(db, tasks, baselines, target)
@@ -191,7 +174,7 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
             "trials": trials, "inputs": [[n, list(s), d] for n, s, d in model.inputs], "passes": passes,
             "tasks": [{"name": t.name, "weight": t.weight, "flops": t.flops, "baseline": baselines[t.name],
                        "library": floors.get(t.name)} for t in tasks]}
-    _write_json(meta_path, meta)
+    wd.write_model(meta)
     summaries = [TaskSummary(t.name, t.weight, t.flops, baselines[t.name], library=floors.get(t.name)) for t in tasks]
     untuned_total = sum(s.weight * (s.baseline or 0.0) for s in summaries)
     for s in summaries:
@@ -213,7 +196,7 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
                     on_progress(sum(s.trials for s in summaries), trials, summaries[i].name, estimate())
             tuners[i] = TaskTuner(tasks[i].mod, target, strategy=strategy, seed=seed + i, measurer=measurer,
                                   label=tasks[i].name, on_result=progress,
-                                  store_args={"work_dir": wd, "db": db, "name": tasks[i].name})
+                                  store_args={"work_dir": wd.path, "db": db, "name": tasks[i].name})
             summaries[i].trials, summaries[i].best = tuners[i].trials, tuners[i].state.best_latency
         return tuners[i]
 
@@ -221,7 +204,7 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
     try:
         if resume:       # open every task that has records so the budget counts them
             for i, t in enumerate(tasks):
-                if (wd / "tasks" / f"{t.name}.jsonl").exists():
+                if wd.records_path(t.name).exists():
                     tuner(i)
         done0 = sum(s.trials for s in summaries)
         used = done0
@@ -245,7 +228,7 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
         if owns_measurer:
             measurer.close()
     meta["tasks"] = [{**m, "best": s.best, "trials": s.trials} for m, s in zip(meta["tasks"], summaries)]
-    _write_json(meta_path, meta)
+    wd.write_model(meta)
     untuned = [s.name for s in summaries if s.trials == 0]
     if untuned:
         log.warning("%d task(s) got no trials (budget too small): %s", len(untuned), ", ".join(untuned))

@@ -1,7 +1,8 @@
 """The tuning loop for one operator: propose -> decode -> measure -> record -> refit -> update.
 
-``search.state.TuneState`` is what strategies see and what both front doors share: ``tune_tir``
-(our own loop, with records and resume) and ``MetaScheduleStrategy`` (MetaSchedule's loop).
+``search.state.TuneState`` is what both front doors share: ``tune_tir`` (our own loop, with
+records and resume) and ``MetaScheduleStrategy`` (MetaSchedule's loop); strategies see its
+read-only ``SearchContext``.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class TaskTuner:
         self.space = KnobSpace(mod, target, seed=seed)
         self.state = TuneState(self.space, seed=seed)
         self.strategy = make_strategy(strategy, **(strategy_options or {}))
-        self.strategy.setup(self.state)
+        self.strategy.setup(self.state.context)
         self.owns_measurer = measurer is None
         self.measurer = measurer or Measurer(self.space.target)
         self.store = RecordStore(space=self.space, label=label, **store_args) if store_args else None
@@ -75,14 +76,12 @@ class TaskTuner:
         self.last_error = ""
         if self.store is not None:
             configs, lats = self.store.measured()
-            self.state.record(configs, lats)
             for res in self.store.records.values():
                 if not res.ok:
                     self.failures[res.error] = self.failures.get(res.error, 0) + 1
             if len(configs):
                 log.info("%s: resumed %d measured record(s)", self.label, len(configs))
-                self.state.resolve(configs)     # their kernels, so no alias of one is measured again
-                self.state.refit()
+            self.state.resume(configs, lats)
         self.done0 = len(self.state.results)
         self.setup_time = time.perf_counter() - self.t0
 
@@ -101,6 +100,7 @@ class TaskTuner:
             return 0
         tm = time.perf_counter()
         bookkeeping = 0.0       # checking and recording results: overhead, not measurement
+        latencies: list[float | None] = [None] * len(batch)
 
         def on_result(i: int, res: MeasureResult) -> None:
             nonlocal bookkeeping
@@ -109,7 +109,8 @@ class TaskTuner:
             res = self._verified(sch, res)
             if self.store is not None:
                 self.store.add(config, sch, res)
-            self.state.record([config], [res.latency])
+            self.state.record([config], [res.latency])     # now: the next check compares with it
+            latencies[i] = res.latency
             if res.ok:
                 self.schedules[tuple(int(x) for x in config)] = sch
             else:
@@ -120,11 +121,10 @@ class TaskTuner:
                 self.on_result(self)
             bookkeeping += time.perf_counter() - t
 
-        results = self.measurer.measure([sch.mod for _, sch in batch], on_result=on_result)
+        self.measurer.measure([sch.mod for _, sch in batch], on_result=on_result)
         self.state.measure_s = time.perf_counter() - tm - bookkeeping
         self.measure_time += self.state.measure_s
-        self.state.refit()
-        self.strategy.update(np.array([c for c, _ in batch]), [r.latency for r in results])
+        self.state.after_measure(self.strategy, np.array([c for c, _ in batch]), latencies)
         self.state.overhead_s = time.perf_counter() - t0 - self.state.measure_s
         return len(batch)
 

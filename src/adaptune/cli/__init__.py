@@ -11,7 +11,8 @@ import logging
 from . import looptune as cli_looptune
 from . import models as cli_models
 from . import ops
-from .common import Parser, UsageError, fail, tuning_args
+from .common import Parser, UsageError, fail, positive_int, tuning_args
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="adaptune", description="Autotune deep-learning operators on Apache TVM.")
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), "llvm", "cuda" (the visible '
                    'NVIDIA GPU), or a JSON dict such as {"kind": "cuda", "arch": "sm_80"}')
     tuning_args(t, 64, "workload")
-    sub.add_parser("workloads", help="list the built-in workloads")
+    t.set_defaults(func=ops.cmd_tune_op)
+    sub.add_parser("workloads", help="list the built-in workloads").set_defaults(func=ops.cmd_workloads)
 
     model_help = "zoo name (demo-cnn, alexnet, vgg16, resnet18, resnet50, mobilenetv2), an .onnx file, or module:attr of a PyTorch model"
 
@@ -44,20 +46,24 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="tune every operator of a model, then compile, check and time it")
     model_args(t, default="demo-cnn")
     tuning_args(t, 256, "model")
+    t.set_defaults(func=cli_models.cmd_tune)
     c = sub.add_parser("compile", help="build a model with a tuning log into a shared library")
     model_args(c)
     c.add_argument("--db", required=True, help="work dir of `adaptune tune`")
     c.add_argument("-o", "--output", required=True, help="library file to write (.so)")
+    c.set_defaults(func=cli_models.cmd_compile)
     b = sub.add_parser("bench", help="latency of untuned TVM, adaptune, PyTorch eager, torch.compile and ONNX Runtime")
     model_args(b)
     b.add_argument("--db", default=None, help="work dir of `adaptune tune` (omit to time untuned TVM only)")
     b.add_argument("--json", default=None, metavar="FILE", help="write the table as JSON")
     b.add_argument("--profile", action="store_true", help="time per kernel of adaptune's model, grouped")
-    b.add_argument("--rounds", type=int, default=5, help="timing rounds, contenders alternated (default 5)")
+    b.add_argument("--rounds", type=positive_int, default=5, help="timing rounds, contenders alternated (default 5)")
+    b.set_defaults(func=cli_models.cmd_bench)
     r = sub.add_parser("report", help="PNG plots and an HTML page for a model work dir")
     r.add_argument("work_dir")
     r.add_argument("-o", "--output", default=None, help="folder for the report (default: WORK_DIR/report)")
-    sub.add_parser("models", help="list the built-in models")
+    r.set_defaults(func=cli_models.cmd_report)
+    sub.add_parser("models", help="list the built-in models").set_defaults(func=cli_models.cmd_models)
     cli_looptune.add_parser(sub)
     return p
 
@@ -70,7 +76,4 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="adaptune: %(levelname)s: %(message)s")
     logging.getLogger("tvm").setLevel(logging.WARNING)
-    commands = {"tune-op": ops.cmd_tune_op, "workloads": ops.cmd_workloads, "tune": cli_models.cmd_tune,
-                "compile": cli_models.cmd_compile, "bench": cli_models.cmd_bench, "report": cli_models.cmd_report,
-                "models": cli_models.cmd_models, "looptune": cli_looptune.cmd_looptune}
-    return commands[args.command](args)
+    return args.func(args)

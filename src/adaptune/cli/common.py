@@ -1,8 +1,10 @@
 """What the command groups share: one-line failures (exit 2), the parser that reports usage
-errors in one line, the tuning and RPC options, the measurer they ask for, and a guarded run."""
+errors in one line, typed options, the tuning and RPC options, the measurer they ask for, and a
+guarded run that holds the work dir's lock."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 EXIT_BAD_INPUT = 2
@@ -20,31 +22,44 @@ def fail(msg: str, code: int = EXIT_BAD_INPUT) -> int:
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse would print the usage too)
-        raise UsageError(message)
+        raise UsageError(re.sub(r"^argument ([^:]+): must be", r"\1 must be", message))
+
+
+def positive_int(text: str) -> int:
+    """``type=`` of a count option: an integer above 0, else one line naming the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
 
 
 def tuning_args(p, trials: int, what: str) -> None:
     """The options tune-op and tune share."""
     from ..search.strategies import STRATEGIES
-    p.add_argument("--trials", type=int, default=trials,
+    p.add_argument("--trials", type=positive_int, default=trials,
                    help=f"measurement budget of the work dir, for the whole {what} (default {trials})")
     p.add_argument("--strategy", default="chameleon", choices=sorted(STRATEGIES),
                    help="search strategy (default chameleon = rl+as; sa is AutoTVM's baseline)")
     p.add_argument("--work-dir", default=None, help=f"where records go (default: runs/<{what}>-<strategy>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the records in --work-dir")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=None, help="configs measured per iteration (per task)")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="configs measured per iteration (per task)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per build and per run")
     rpc_args(p)
 
 
 def run_guarded(console, work_dir, resume_hint: str, fn):
-    """Run a tuning call; interruption, a lost device or a full disk become one line and an exit
-    code (records stay on disk).  Returns (result, None) or (None, exit code)."""
-    from ..measure.records import WorkDirError
+    """Run a tuning call holding the work dir's lock; another run in it, interruption, a lost device
+    or a full disk become one line and an exit code (records stay on disk).  Returns (result, None)
+    or (None, exit code)."""
     from ..measure.run import RPCError
+    from ..measure.workdir import WorkDir, WorkDirError
     try:
-        return fn(), None
+        with WorkDir(work_dir).lock():
+            return fn(), None
     except WorkDirError as e:
         return None, fail(str(e))
     except KeyboardInterrupt:

@@ -6,26 +6,21 @@ compiled model is checked against its reference before a latency is printed.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sys
 import time
 from pathlib import Path
 
-from .common import UsageError, fail, make_measurer, progress_bar, run_guarded
-
-
-class _Bad(Exception):
-    """Bad input found while preparing a command."""
+from .common import UsageError, fail, make_measurer, progress_bar, run_guarded, stopped_message
 
 
 def _dims(text, what: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(x) for x in text.replace("x", ",").split(","))
     except ValueError:
-        raise _Bad(f"{what} must be comma-separated integers, got {text!r}") from None
+        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
     if not dims or any(d <= 0 for d in dims):
-        raise _Bad(f"{what} must be positive integers, got {text!r}")
+        raise UsageError(f"{what} must be positive integers, got {text!r}")
     return dims
 
 
@@ -41,44 +36,44 @@ def _input(text: str):
     from ..model.frontends import InputSpec
     parts = text.split(":")
     if len(parts) not in (3, 5) or not parts[0]:
-        raise _Bad(f"--input must be NAME:SHAPE:DTYPE or NAME:SHAPE:DTYPE:LOW:HIGH, got {text!r}")
+        raise UsageError(f"--input must be NAME:SHAPE:DTYPE or NAME:SHAPE:DTYPE:LOW:HIGH, got {text!r}")
     name, shape, dtype = parts[0], _dims(parts[1], f"--input {parts[0]}: the shape"), parts[2]
     if dtype not in _DTYPES:
-        raise _Bad(f"--input {name}: unknown dtype {dtype!r} (one of {', '.join(_DTYPES)})")
+        raise UsageError(f"--input {name}: unknown dtype {dtype!r} (one of {', '.join(_DTYPES)})")
     if len(parts) == 3:
         return InputSpec(name, shape, dtype)
     try:
         low, high = (float(v) if dtype.startswith("float") else int(v) for v in parts[3:])
     except ValueError:
-        raise _Bad(f"--input {name}: LOW and HIGH must be {'numbers' if dtype.startswith('float') else 'integers'}, "
-                   f"got {parts[3]!r} and {parts[4]!r}") from None
+        kind = "numbers" if dtype.startswith("float") else "integers"
+        raise UsageError(f"--input {name}: LOW and HIGH must be {kind}, got {parts[3]!r} and {parts[4]!r}") from None
     if not low < high or not all(map(math.isfinite, (low, high))):
-        raise _Bad(f"--input {name}: the range [{parts[3]}, {parts[4]}) is empty or not finite")
+        raise UsageError(f"--input {name}: the range [{parts[3]}, {parts[4]}) is empty or not finite")
     return InputSpec(name, shape, dtype, (low, high))
 
 
 def _load(args):
-    """(model, target) from the common arguments, or _Bad with one line."""
+    """(model, target) from the common arguments, or ``UsageError`` with one line."""
     from ..model.frontends import ModelError, load_model
     from ..measure.target import TargetError, check_runnable, parse_target
     try:
         target = parse_target(args.target)
     except TargetError as e:
-        raise _Bad(str(e)) from None
+        raise UsageError(str(e)) from None
     if target.kind.name != "llvm":
         try:
             check_runnable(target)      # no GPU: say that first, it is the more useful line
         except TargetError as e:
-            raise _Bad(str(e)) from None
-        raise _Bad(f"models are measured and run on this machine's CPU; target kind {target.kind.name!r} "
-                   "is not supported here")
+            raise UsageError(str(e)) from None
+        raise UsageError(f"models are measured and run on this machine's CPU; target kind {target.kind.name!r} "
+                         "is not supported here")
     shape = _shape(args.input_shape)
     inputs = [_input(t) for t in args.input or ()]
     try:
         with _spinner(f"loading {args.model}"):
             return load_model(args.model, input_shape=shape, inputs=inputs), target
     except ModelError as e:
-        raise _Bad(str(e)) from None
+        raise UsageError(str(e)) from None
 
 
 @contextlib.contextmanager
@@ -119,10 +114,10 @@ def _library_summary(library: dict, chains: int | None = None) -> str:
     return f"{onednn}{of} conv/dense chains as fused oneDNN calls" + (f", {wino} as Winograd" if wino else "")
 
 
-def _build_best(args, model, target, db, library_times=None):
+def _build_best(args, model, target, db):
     from ..model.compile import build_best
     with _spinner("building and timing the tuned model (all generated, all library, per-chain choice, serial glue)"):
-        best = build_best(model, db, target, library=not args.no_library, library_times=library_times)
+        best = build_best(model, db, target, library=not args.no_library)
     _choice_table(best)
     return best
 
@@ -147,27 +142,36 @@ class _Phases:
 
 
 def cmd_tune(args) -> int:
+    from ..measure.workdir import WorkDir, WorkDirBusy, WorkDirError
+    try:
+        work_dir = Path(args.work_dir or f"runs/{Path(args.model).stem.replace(':', '_')}-{args.strategy}-"
+                                         f"{time.strftime('%Y%m%d-%H%M%S')}")
+        WorkDir(work_dir).check_model(args.resume)
+        model, target = _load(args)
+        measurer = make_measurer(args, target)
+    except (WorkDirError, UsageError) as e:
+        return fail(str(e))
+    with contextlib.ExitStack() as held:      # tuning and the compiled model's summary: one writer
+        try:
+            held.enter_context(WorkDir(work_dir).lock())
+        except WorkDirBusy as e:
+            return fail(str(e))
+        except OSError as e:
+            return fail(stopped_message(e, work_dir), 1)
+        return _tune(args, model, target, measurer, work_dir)
+
+
+def _tune(args, model, target, measurer, work_dir: Path) -> int:
+    """``tune`` once its input is checked: tune, then build, check and time the model (``evaluate``)."""
     from rich.console import Console
     from rich.table import Table
 
+    from ..measure.workdir import WorkDir
     from ..model import compile as C
     from ..model.compile import NumericsError
-    from ..measure.records import WorkDirError
-    from ..scheduler import MODEL_META, check_model_work_dir, tune_model
-    from ..model.timing import UNTUNED_CAP_S, time_vm
+    from ..model.evaluate import evaluate
+    from ..scheduler import tune_model
 
-    try:
-        if args.trials <= 0:
-            raise _Bad(f"--trials must be a positive number, got {args.trials}")
-        if args.batch_size is not None and args.batch_size <= 0:
-            raise _Bad(f"--batch-size must be positive, got {args.batch_size}")
-        work_dir = Path(args.work_dir or f"runs/{Path(args.model).stem.replace(':', '_')}-{args.strategy}-"
-                                         f"{time.strftime('%Y%m%d-%H%M%S')}")
-        check_model_work_dir(work_dir, args.resume)
-        model, target = _load(args)
-        measurer = make_measurer(args, target)
-    except (_Bad, WorkDirError, UsageError) as e:
-        return fail(str(e))
     console = Console()
     phases = _Phases()
     console.print(f"[bold]adaptune[/] tune {model.name}  strategy={args.strategy}  trials={args.trials}  "
@@ -205,26 +209,23 @@ def cmd_tune(args) -> int:
         print("adaptune: error: no candidate could be measured; see the log in the work dir", file=sys.stderr)
         return 1
     try:
-        db = C.open_database(work_dir)
-        phases.start("untuned TVM build and check")
-        with _spinner("building untuned TVM"):
-            ex0 = C.build_untuned(model, target)
-            C.check(ex0, model)
-        phases.start("tuned builds, check and timing")
-        best = _build_best(args, model, target, db, result.library_times)
+        with _spinner("building untuned TVM") as status:
+            def stage(text):
+                phases.start(text)
+                status.update(text)
+            ev = evaluate(model, target, C.open_database(work_dir), library=not args.no_library, anchors=False,
+                          rounds=1, library_times=result.library_times, on_stage=stage)
     except NumericsError as e:
         return fail(f"tuned model fails the numerical check: {e}", 1)
-    gen = next(b for b in best.builds if b.name == "generated")
-    phases.start("untuned TVM timing")
-    with _spinner("timing untuned TVM"):
-        t0 = time_vm(ex0, model.example_inputs(), cap_s=UNTUNED_CAP_S)
     phases.start(None)
-    meta_path = work_dir / MODEL_META
-    meta = json.loads(meta_path.read_text())
-    meta["compiled"] = {"untuned_s": t0, "tuned_s": gen.seconds, "max_rel_error": best.best.error,
-                        "final_s": best.best.seconds, "final_build": best.best.name}
-    meta["library"] = [c.as_dict() for c in best.choices]
-    _write_meta(meta_path, meta)
+    best = ev.best
+    _choice_table(best)
+    gen = next(b for b in best.builds if b.name == "generated")
+    t0 = ev.row("tvm-untuned").latency_ms / 1e3
+    WorkDir(work_dir).update_model(
+        compiled={"untuned_s": t0, "tuned_s": gen.seconds, "max_rel_error": best.best.error,
+                  "final_s": best.best.seconds, "final_build": best.best.name},
+        library=[c.as_dict() for c in best.choices])
     console.print(f"numerics vs {'PyTorch' if model.torch_module is not None else 'reference'}: PASS "
                   f"(max error {max(b.error for b in best.builds):.1e} of output scale)")
     console.print(f"[bold]{model.name}: untuned TVM {_ms(t0)}  ->  tuned {_ms(gen.seconds)}   "
@@ -244,10 +245,10 @@ def cmd_compile(args) -> int:
         model, target = _load(args)
         out = Path(args.output)
         if not out.parent.is_dir():
-            raise _Bad(f"output folder {out.parent} does not exist")
+            raise UsageError(f"output folder {out.parent} does not exist")
         db = C.open_database(args.db)
         best = _build_best(args, model, target, db)
-    except (_Bad, FileNotFoundError) as e:
+    except (UsageError, FileNotFoundError) as e:
         return fail(str(e))
     except NumericsError as e:
         return fail(f"compiled model fails the numerical check, nothing written: {e}", 1)
@@ -264,15 +265,14 @@ def cmd_bench(args) -> int:
 
     from ..model import compile as C
     from ..model.compile import NumericsError
+    from ..measure.workdir import WorkDir, write_json
     from ..model.evaluate import evaluate
     try:
-        if args.rounds <= 0:
-            raise _Bad(f"--rounds must be positive, got {args.rounds}")
         if args.json is not None and not Path(args.json).resolve().parent.is_dir():
-            raise _Bad(f"--json: folder {Path(args.json).parent} does not exist")
+            raise UsageError(f"--json: folder {Path(args.json).parent} does not exist")
         model, target = _load(args)
         db = C.open_database(args.db) if args.db else None
-    except (_Bad, FileNotFoundError) as e:
+    except (UsageError, FileNotFoundError) as e:
         return fail(str(e))
     console = Console()
     try:
@@ -283,8 +283,8 @@ def cmd_bench(args) -> int:
         return fail(f"numerical check failed: {e}", 1)
     if ev.best is not None:
         _choice_table(ev.best)
-        if args.db:
-            _save_library(args.db, ev.best.choices)
+        if args.db:     # the per-chain choice, for ``report``
+            WorkDir(args.db).update_model(library=[c.as_dict() for c in ev.best.choices])
     base = ev.row("pytorch-eager") or ev.rows[0]
     table = Table(title=f"{model.name}, input {' '.join(str(list(s)) for _, s, _ in model.inputs)}: "
                         f"latency over {args.rounds} alternating rounds (outputs checked first)")
@@ -299,9 +299,7 @@ def cmd_bench(args) -> int:
     if args.profile and ev.best is not None:
         _profile_table(console, ev.best.best.executable, model)
     if args.json:
-        tmp = Path(args.json).with_name(Path(args.json).name + ".tmp")
-        tmp.write_text(json.dumps(ev.as_dict(), indent=1))
-        tmp.replace(args.json)
+        write_json(args.json, ev.as_dict())
         console.print(f"wrote {args.json}")
     return 0
 
@@ -324,22 +322,6 @@ def _profile_table(console, executable, model) -> None:
     for r in rows[:25]:
         table.add_row(r["call"][:48], r["group"], str(r["calls"]), f"{r['ms']:.3f}", f"{100 * r['ms'] / total:.1f}%")
     console.print(table)
-
-
-def _write_meta(path, meta) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1))
-    tmp.replace(path)
-
-
-def _save_library(work_dir, choices) -> None:
-    """Keep the per-chain choice in the work dir's model.json for ``report``."""
-    from ..scheduler import MODEL_META
-    path = Path(work_dir) / MODEL_META
-    if path.is_file():
-        meta = json.loads(path.read_text())
-        meta["library"] = [c.as_dict() for c in choices]
-        _write_meta(path, meta)
 
 
 def cmd_report(args) -> int:

@@ -9,11 +9,11 @@ from .common import UsageError, fail, make_measurer, progress_bar, run_guarded
 
 
 def check_numerics(workload, sch, target) -> tuple[bool, float]:
-    """Run the tuned kernel on random inputs and compare with the numpy reference."""
-    import numpy as np
-
+    """Run the tuned kernel on random inputs and compare with the numpy reference:
+    (passes, ``verify.relative_error``)."""
     from .._tvm import tvm
     from ..measure.target import device
+    from ..measure.verify import TOLERANCE, relative_error
 
     inputs = workload.random_inputs()
     ref = workload.reference(inputs)
@@ -21,16 +21,15 @@ def check_numerics(workload, sch, target) -> tuple[bool, float]:
     ex = tvm.compile(sch.mod, target=target)
     args = [tvm.runtime.tensor(x, dev) for x in inputs] + [tvm.runtime.empty(ref.shape, "float32", dev)]
     ex["main"](*args)
-    out = args[-1].numpy().astype("float64")
-    err = float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-12))
-    return err <= 1e-4, err
+    err = relative_error(args[-1].numpy(), ref)
+    return err <= TOLERANCE, err
 
 
 def cmd_tune_op(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..measure.records import WorkDirError, check_work_dir
+    from ..measure.workdir import WorkDir, WorkDirError
     from ..measure.target import TargetError, check_runnable, parse_target
     from ..tuner import tune_tir
     from ..model.workloads import DEFAULT_WORKLOAD, WorkloadError, get_workload
@@ -40,10 +39,6 @@ def cmd_tune_op(args) -> int:
         target = parse_target(args.target)
     except (WorkloadError, TargetError) as e:
         return fail(str(e))
-    if args.trials <= 0:
-        return fail(f"--trials must be a positive number, got {args.trials}")
-    if args.batch_size is not None and args.batch_size <= 0:
-        return fail(f"--batch-size must be positive, got {args.batch_size}")
     if target.kind.name not in ("llvm", "cuda"):
         return fail(f"tune-op tunes for a CPU (llvm) or an NVIDIA GPU (cuda); target kind {target.kind.name!r} "
                      "is not supported")
@@ -53,7 +48,7 @@ def cmd_tune_op(args) -> int:
         return fail(f"{e}; measure on a remote one with --rpc HOST:PORT --device-key KEY")
     work_dir = Path(args.work_dir or f"runs/{workload.label.replace(':', '_')}-{args.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
-        check_work_dir(work_dir, args.resume)
+        WorkDir(work_dir).check_operator(args.resume)
         measurer = make_measurer(args, target)
     except (WorkDirError, UsageError) as e:
         return fail(str(e))

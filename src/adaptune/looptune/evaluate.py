@@ -52,6 +52,7 @@ class Evaluator:
     def seconds(self, nest: LoopNest) -> float:
         """Build, check and time ``nest`` (not cached)."""
         from .._tvm import tvm
+        from ..measure.verify import TOLERANCE, relative_error
         try:
             ex = tvm.compile(nest.schedule().mod, self.target)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the search goes on
@@ -61,8 +62,7 @@ class Evaluator:
         for _ in range(self.warmup):
             fn(*self.args)
         got = self.args[-1].numpy()
-        scale = max(1.0, float(np.abs(self.expected).max()))
-        if not np.allclose(got, self.expected, rtol=1e-3, atol=1e-3 * scale):
+        if relative_error(got, self.expected) > TOLERANCE:
             raise NestError(f"nest computed a wrong result (max error {np.abs(got - self.expected).max():.3g})")
         timer = ex.mod.time_evaluator("main", self.dev, number=1, repeat=self.repeat,
                                       min_repeat_ms=self.min_repeat_ms)

@@ -6,10 +6,12 @@ helpers use the work dir as-is), and every outcome, failures included, to
 ``adaptune_records.jsonl`` with its knob vector, flushed and fsync'ed.  Reopening the work dir
 resumes: both files are read back (a truncated or corrupt line, e.g. from kill -9 mid-write, is
 dropped with a warning), successes that reached TVM's file but not ours are recovered by encoding
-their traces, and nothing already measured is measured again.
+their traces, and nothing already measured is measured again.  A single operator's store holds
+the work dir's lock (``WorkDir.lock``) until it is closed.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,51 +24,11 @@ import tvm_ffi
 
 from .._tvm import ms
 from .run import MeasureResult
+from .workdir import META, RECORDS, WorkDir, WorkDirError, repair_jsonl, write_json  # noqa: F401 - re-exported
 
 log = logging.getLogger("adaptune")
 
-RECORDS = "adaptune_records.jsonl"
-META = "adaptune.json"
 KNOB_ENCODING = 2      # 2: compute-location knobs hold TVM's raw decision (1: an index into the valid ones)
-TVM_FILES = ("database_workload.json", "database_tuning_record.json")
-
-
-class WorkDirError(ValueError):
-    """A work dir that cannot be used as asked (records present without resume, other workload)."""
-
-
-def repair_jsonl(path: Path) -> int:
-    """Drop lines that are not valid JSON (a torn last write); returns how many were dropped."""
-    if not path.exists():
-        return 0
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    good, bad = [], 0
-    for ln in lines:
-        if not ln.strip():
-            continue
-        try:
-            json.loads(ln)
-            good.append(ln)
-        except ValueError:
-            bad += 1
-    if bad:
-        log.warning("%s: dropped %d unreadable line(s) (interrupted write?)", path, bad)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(b"".join(g + b"\n" for g in good))
-        os.replace(tmp, path)
-    return bad
-
-
-def check_work_dir(work_dir, resume: bool) -> None:
-    """Refuse early (before any tuning work) a work dir that has records unless resuming."""
-    d = Path(work_dir)
-    has = (d / META).exists() or (d / RECORDS).exists()
-    if has and not resume:
-        raise WorkDirError(f"work dir {d} already has tuning records; pass --resume to continue it "
-                           "or choose another --work-dir")
-    if resume and not d.exists():
-        raise WorkDirError(f"--resume: work dir {d} does not exist")
 
 
 class RecordStore:
@@ -77,14 +39,23 @@ class RecordStore:
         task ``name`` keeps its knob vectors in ``tasks/<name>.jsonl``."""
         self.dir = Path(work_dir)
         self.space = space
-        sub = self.dir / "tasks" if name else self.dir
-        self.records_path = sub / (f"{name}.jsonl" if name else RECORDS)
-        meta_path = sub / (f"{name}.json" if name else META)
+        wd = WorkDir(self.dir)
+        self.records_path, meta_path = wd.records_path(name), wd.meta_path(name)
         meta = {"workload": label or "main", "target": str(space.target),
                 "workload_hash": str(tvm_ffi.structural_hash(space.mod)), "knob_sizes": space.sizes.tolist(),
                 "knob_encoding": KNOB_ENCODING}
-        if name is None:
-            check_work_dir(self.dir, resume and self.dir.exists())  # API: resuming a new dir starts it
+        self._lock = contextlib.ExitStack()
+        if name is None:        # a model's tasks share the lock ``tune_model`` holds
+            wd.check_operator(resume and self.dir.exists())  # API: resuming a new dir starts it
+            self._lock.enter_context(wd.lock())
+        try:
+            self._open(meta, meta_path, db)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def _open(self, meta: dict, meta_path: Path, db) -> None:
+        """Check the work dir holds this workload, repair torn lines, read the records back."""
         if meta_path.exists() or self.records_path.exists():
             old = json.loads(meta_path.read_text()) if meta_path.exists() else meta
             if old.get("knob_encoding", 1) != KNOB_ENCODING and self.records_path.exists():
@@ -94,12 +65,13 @@ class RecordStore:
                 if old.get(key) != meta[key]:
                     raise WorkDirError(f"work dir {self.dir} holds another {key.replace('_', ' ')} "
                                        f"({old.get(key)!r}); use a separate work dir")
-        sub.mkdir(parents=True, exist_ok=True)
-        meta_path.write_text(json.dumps(meta, indent=1))
-        for path in [self.records_path] + ([] if db is not None else [self.dir / f for f in TVM_FILES]):
-            repair_jsonl(path)
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(meta_path, meta)
+        repair_jsonl(self.records_path)
+        if db is None:
+            WorkDir(self.dir).repair_database()
         self.db = db if db is not None else ms.database.JSONDatabase(work_dir=str(self.dir))
-        self.workload = self.db.commit_workload(space.mod)
+        self.workload = self.db.commit_workload(self.space.mod)
         self.records: dict[tuple, MeasureResult] = {}
         self.order: list[tuple] = []
         self._load()
@@ -158,6 +130,7 @@ class RecordStore:
 
     def close(self) -> None:
         self._file.close()
+        self._lock.close()
 
     # -- views ------------------------------------------------------------------------------------
     def measured(self) -> tuple[np.ndarray, list]:

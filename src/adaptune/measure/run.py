@@ -107,8 +107,7 @@ class GcSafePool(PopenPoolExecutor):
 
     ``PopenPoolExecutor.__del__`` joins them, and a collection that happens while Python starts a
     thread runs inside ``threading``'s bookkeeping lock, which the join takes again: the process
-    hangs in ``Thread.start`` for ever (it hung our test suite once; TVM's docstring warns of
-    it).  A pool that was not closed explicitly only has its workers killed."""
+    hangs in ``Thread.start`` for ever (TVM's docstring warns of it).  A pool that was not closed explicitly only has its workers killed."""
 
     def __del__(self):
         if not self._shutdown:
@@ -119,9 +118,8 @@ class WarmBuilder:
     """Builds in worker processes that outlive a batch.
 
     MetaSchedule's ``LocalBuilder`` starts a fresh process pool for every batch (and one more at
-    construction, to check itself).  A worker takes ~5 s to start and import TVM: at Chameleon's
-    8 candidates per iteration that is more than the builds themselves (8 L8 candidates: 7.2 s
-    with a fresh pool, 2.1 s with a warm one).  TVM restarts its pools because long-lived
+    construction, to check itself).  A worker takes seconds to start and import TVM, more than a
+    small batch's builds.  TVM restarts its pools because long-lived
     workers leak memory, so ours are recycled after ``recycle`` builds each; a worker that
     times out or dies is killed and restarted by the pool, and its candidate reported."""
 

@@ -5,7 +5,8 @@ would win the search and end up in the compiled model.  Every task has a referen
 framework: TVM's plain lowering of the same, unscheduled PrimFunc (on the host CPU for a GPU
 target, whose unscheduled loops are bound to no threads).  The tuner checks each
 candidate that would become the new best (a handful per task, so the cost stays small) on random
-inputs, and records a mismatch as a failed candidate instead of a result.
+inputs, and records a mismatch as a failed candidate instead of a result.  ``relative_error`` is
+the one numerics rule of the package (kernels, compiled models, loop nests, other runtimes).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import numpy as np
 
 from .._tvm import ms, tvm
 from .target import device, reference_target
+
+TOLERANCE = 1e-3       # the largest error, relative to the output's scale, a check lets pass
 
 
 def arg_shapes(arg_infos) -> list[tuple[tuple[int, ...], str]]:
@@ -26,7 +29,7 @@ def signature(mod) -> list[tuple[tuple[int, ...], str]]:
 
 
 class KernelChecker:
-    def __init__(self, mod, target, *, seed: int = 0, rtol: float = 1e-3):
+    def __init__(self, mod, target, *, seed: int = 0, rtol: float = TOLERANCE):
         self.mod, self.target, self.rtol = mod, target, rtol
         self.sig = signature(mod)
         rng = np.random.default_rng(seed)
@@ -57,7 +60,7 @@ class KernelChecker:
             return None, "argument layout differs from the untuned kernel"
         got = self._run(mod, artifact)
         for i, (g, w) in enumerate(zip(got, self.reference())):
-            if _differs(g, w, self.rtol):
+            if relative_error(g, w) > self.rtol:
                 return False, f"argument {i} differs from the untuned kernel's result"
         return True, ""
 
@@ -68,20 +71,27 @@ def output_scale(want) -> float:
     return float(np.abs(want).max()) or 1.0
 
 
-def _differs(got: np.ndarray, want: np.ndarray, rtol: float) -> bool:
-    """Whether ``got`` is not ``want`` within ``rtol`` of its scale.  Non-finite values must match
-    exactly (random inputs can overflow a kernel, e.g. an attention mask times float32's minimum;
-    a NaN compared by size alone would pass anything)."""
+def relative_error(got, want) -> float:
+    """The one numerics rule: the largest ``|got - want|`` relative to ``output_scale(want)``.
+
+    Infinite when the shapes differ or the non-finite values do not match exactly (random inputs
+    can overflow a kernel, e.g. an attention mask times float32's minimum; a NaN compared by size
+    alone would pass anything).  A check passes when this is at most ``TOLERANCE``."""
+    got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
-        return True
+        return float("inf")
     if not want.size:
-        return False
+        return 0.0
     finite = np.isfinite(want)
     if not np.array_equal(np.isfinite(got), finite) or \
             not np.array_equal(got[~finite], want[~finite], equal_nan=True):
-        return True
+        return float("inf")
     if not finite.any():
-        return False
+        return 0.0
     w = want[finite].astype(np.float64)
-    scale = output_scale(w)
-    return float(np.abs(got[finite].astype(np.float64) - w).max()) > rtol * scale
+    return float(np.abs(got[finite].astype(np.float64) - w).max()) / output_scale(w)
+
+
+def max_relative_error(got, want) -> float:
+    """``relative_error`` over paired outputs, the worst (0 for none)."""
+    return max((relative_error(g, w) for g, w in zip(got, want)), default=0.0)

@@ -19,7 +19,7 @@ import numpy as np
 from . import compile as C
 from .timing import UNTUNED_CAP_S, time_callable
 from ..measure.target import parse_target
-from ..measure.verify import output_scale
+from ..measure.verify import TOLERANCE, max_relative_error
 
 RUNTIMES = ("tvm-untuned", "adaptune-generated", "adaptune", "pytorch-eager", "torch-compile", "onnxruntime")
 
@@ -51,15 +51,6 @@ class Evaluation:
         return {"model": self.model, "rows": [r.as_dict() for r in self.rows], "skipped": self.skipped}
 
 
-def _max_error(got, want) -> float:
-    """Largest absolute difference relative to the output's scale (the rule of ``compile.check``)."""
-    worst = 0.0
-    for g, w in zip(got, want):
-        scale = output_scale(w)
-        worst = max(worst, float(np.abs(np.asarray(g, np.float64) - w).max()) / scale)
-    return worst
-
-
 def _torch_runtimes(model, inputs, compile_torch: bool, skipped) -> dict:
     """PyTorch eager and torch.compile (freezing) as (callable, error, note), checked."""
     out = {}
@@ -89,7 +80,7 @@ def _torch_runtimes(model, inputs, compile_torch: bool, skipped) -> dict:
         got = compiled()
         seconds = time.perf_counter() - t
         got = [o.detach().numpy() for o in torch.utils._pytree.tree_leaves(got)]
-        out["torch-compile"] = (compiled, _max_error(got, want), f"compile {seconds:.0f} s")
+        out["torch-compile"] = (compiled, max_relative_error(got, want), f"compile {seconds:.0f} s")
     except Exception as e:                  # noqa: BLE001 - Inductor can fail on a model for many reasons
         skipped["torch-compile"] = f"torch.compile failed: {' '.join(str(e).split())[:160]}"
     return out
@@ -107,7 +98,7 @@ def _onnxruntime(model, inputs, skipped) -> dict:
         return {}
     sess = ort_session(proto)
     feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
-    err = _max_error(sess.run(None, feed), model.reference(inputs))
+    err = max_relative_error(sess.run(None, feed), model.reference(inputs))
     return {"onnxruntime": (lambda: sess.run(None, feed), err, f"{sess.get_session_options().intra_op_num_threads} threads")}
 
 
@@ -121,8 +112,11 @@ def _vm_runner(executable, inputs):
 
 
 def evaluate(model, target=None, database=None, *, library: bool = True, anchors: bool = True,
-             compile_torch: bool = True, rounds: int = 5, on_stage=None) -> Evaluation:
-    """The table of the module docstring for ``model`` (adaptune rows only with a ``database``)."""
+             compile_torch: bool = True, rounds: int = 5, library_times: dict | None = None,
+             on_stage=None) -> Evaluation:
+    """Build, check and time ``model``: the table of the module docstring (adaptune rows only with a
+    ``database``; PyTorch and ONNX Runtime rows only with ``anchors``).  ``library_times``: see
+    ``compile.build_best``."""
     stage = on_stage or (lambda s: None)
     target = parse_target(target)
     inputs = model.example_inputs()
@@ -134,7 +128,7 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
     best = None
     if database is not None:
         stage("building the tuned model up to five ways (generated, library, per-chain choice, both with serial glue)")
-        best = C.build_best(model, database, target, library=library, inputs=inputs)
+        best = C.build_best(model, database, target, library=library, inputs=inputs, library_times=library_times)
         gen = next(b for b in best.builds if b.name == "generated")
         contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, "")
         on_lib = len(best.best.library)
@@ -149,7 +143,7 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
         contenders.update(_torch_runtimes(model, inputs, compile_torch, skipped))
         contenders.update(_onnxruntime(model, inputs, skipped))
     for name, (_, err, _) in contenders.items():
-        if err > 1e-3:
+        if err > TOLERANCE:
             raise C.NumericsError(f"{name} output differs from the reference (max error {err:.1e})")
     samples: dict[str, list[float]] = {n: [] for n in contenders}
     for r in range(rounds):

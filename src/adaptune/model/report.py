@@ -6,7 +6,6 @@ a report can be written for a run that is still going or was interrupted.
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
 
@@ -15,35 +14,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..scheduler import MODEL_META  # noqa: E402
+from ..measure.run import latency  # noqa: E402
+from ..measure.workdir import WorkDir  # noqa: E402
 
 
 def load_run(work_dir) -> tuple[dict, dict[str, list[dict]]]:
     """``model.json`` and, per task, its records in measurement order."""
-    wd = Path(work_dir)
-    meta_path = wd / MODEL_META
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{wd} is not a model work dir of `adaptune tune` (no {MODEL_META})")
-    meta = json.loads(meta_path.read_text())
-    records = {}
-    for t in meta["tasks"]:
-        path = wd / "tasks" / f"{t['name']}.jsonl"
-        rows = []
-        if path.exists():
-            for ln in path.read_text().splitlines():
-                try:
-                    rows.append(json.loads(ln))
-                except ValueError:
-                    continue            # a torn last line of a killed run
-        records[t["name"]] = rows
-    return meta, records
+    wd = WorkDir(work_dir)
+    meta = wd.model()
+    return meta, {t["name"]: wd.records(t["name"]) for t in meta["tasks"]}
 
 
 def _latency(row) -> float | None:
     secs = row.get("run_secs") or []
-    if row.get("error") != "ok" or not secs:
-        return None
-    return sorted(secs)[len(secs) // 2]
+    return latency(secs) if row.get("error") == "ok" and secs else None
 
 
 def _running_best(rows) -> list[float | None]:

@@ -99,8 +99,8 @@ def _parse(src: str):
 def _prologue(params: str, tiles_: int, c: int, local: dict[str, int]) -> list[str]:
     """A transform's TVMScript up to its first vectorised loop: tile by tile, 16 channels at a
     time, ``local`` buffers of (rows, 16) floats.  The tiles run on the calling thread, not TVM's
-    pool: between two oneDNN calls a hand-over to TVM's pinned workers made the chain bimodal
-    (64@56: 0.60 or 1.09 ms), single-threaded it measured 0.53-0.61 ms (docs/decisions.md)."""
+    pool: between two oneDNN calls a hand-over to TVM's pinned workers made the chain's time
+    bimodal (docs/decisions.md)."""
     return (["@T.prim_func(private=True, s_tir=True)", f"def main({params}):",
              '    T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})',
              f"    for t in range({tiles_}):", f"        for co in range({c // LANES}):"]

@@ -10,8 +10,7 @@ Synthesis replaces a centroid that was already measured by the per-knob mode of 
 
 Each centroid snaps to a real config TVM accepts: the exploration's candidates are knob vectors
 the cost model scored without replaying them, and some are impossible tilings or postprocessor
-rejects.  Dropping those (as we did before) measured 6.9 instead of 8 configs per iteration on
-L2, for the same search cost per iteration.
+rejects; dropping those would measure fewer configs for the same search cost.
 """
 from __future__ import annotations
 
@@ -164,9 +163,8 @@ def coverage_probe(best: np.ndarray, knob: int, space, measured: np.ndarray, tak
     The cost model learns a knob value's worth only from configs measured with it.  When the
     first good configs happen to share one value of a small knob, the model ranks every other
     value low, the agent and the clustering stay in that basin, and the other values are never
-    measured in a good context (L8, seed 3: 3 of 256 measurements with the 7-long h tile
-    innermost, the value of 189 of the 190 configs within 20% of the best kernel any of our runs
-    found).  A probe asks that question at the best config, where the answer counts."""
+    measured in a good context.  A probe asks that question at the best config, where the
+    answer counts."""
     values = np.arange(space.sizes[knob])
     values = values[values != best[knob]]
     if not len(values):

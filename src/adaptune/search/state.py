@@ -1,8 +1,11 @@
-"""What the search knows so far: the knob space, the cost model and every outcome.  Strategies
-read it; the loops (``tuner.TaskTuner``, ``ms_adapter.MetaScheduleStrategy``) write it."""
+"""What the search knows so far: the knob space, the cost model and every outcome.  The loops
+(``tuner.TaskTuner``, ``ms_adapter.MetaScheduleStrategy``) write it; strategies read it through
+its ``SearchContext``."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 import tvm_ffi
@@ -14,8 +17,62 @@ from .space import KnobSpace
 log = logging.getLogger("adaptune")
 
 
+class SearchContext:
+    """The read-only view of a ``TuneState`` that strategies get: the knob space, the cost model,
+    the search's rng, what was measured (by key) and the last iteration's timings.
+
+    A config's key is the kernel it gives (``resolve``), the key the loop records it under; a
+    strategy that keys configs any other way can propose a kernel measured already."""
+
+    def __init__(self, state: "TuneState"):
+        self._state = state
+
+    @property
+    def space(self) -> KnobSpace:
+        return self._state.space
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self._state.cost_model
+
+    @property
+    def rng(self) -> np.random.Generator:
+        return self._state.rng
+
+    @property
+    def timings(self) -> tuple[float | None, float | None]:
+        """(build+run seconds, other seconds) of the last iteration; None before the first."""
+        return self._state.measure_s, self._state.overhead_s
+
+    @property
+    def best_latency(self) -> float | None:
+        return self._state.best_latency
+
+    def best(self, k: int = 1) -> np.ndarray:
+        return self._state.best(k)
+
+    @property
+    def outcomes(self) -> Mapping[tuple, float | None]:
+        """Key -> latency (None: failed) of every config measured, in measurement order; read-only."""
+        return MappingProxyType(self._state.results)
+
+    def measured_keys(self) -> set[tuple]:
+        return self._state.measured_keys()
+
+    def unmeasured(self, configs: np.ndarray, *, index: bool = False):
+        return self._state.unmeasured(configs, index=index)
+
+    def resolve(self, configs: np.ndarray) -> list[tuple | None]:
+        return self._state.resolve(configs)
+
+    def key(self, config) -> tuple | None:
+        """``resolve`` for one config: its kernel's key, or None where TVM rejects it."""
+        return self._state.resolve(np.atleast_2d(config))[0]
+
+
 class TuneState:
-    """Knob space, cost model and every outcome so far; strategies read it, the loop writes it."""
+    """Knob space, cost model and every outcome so far; the loop writes it, strategies read its
+    ``context``."""
 
     def __init__(self, space: KnobSpace, *, seed: int = 0, cost_model: CostModel | None = None):
         self.space = space
@@ -27,8 +84,9 @@ class TuneState:
         self.kernels: dict[int, tuple] = {}             # structural hash of a decoded kernel -> its key
         self.measure_s: float | None = None             # build+run seconds of the last batch
         self.overhead_s: float | None = None            # its iteration's other seconds (search, refit, ...)
+        self.context = SearchContext(self)
 
-    # -- for strategies ---------------------------------------------------------------------------
+    # -- read (through ``context``) ------------------------------------------------------------------
     def measured_keys(self) -> set[tuple]:
         """Keys measured or known invalid, and the configs known to be one of them once replayed
         (see ``_decode``): the agent walks back onto those often, and each would otherwise cost a
@@ -65,9 +123,8 @@ class TuneState:
 
         Different knob values can give one kernel: ``KnobSpace`` keys a compute location by where
         TVM settles it, but tilings that differ only in where a unit-extent loop sits often give
-        one loop nest too.  Keyed by knob values alone, 38 of the 2048 measurements of one rl+as
-        run over L1-L8 (18 of 256 on L6) timed a kernel already measured.  MetaSchedule's
-        evolutionary search skips those by structural hash too."""
+        one loop nest too, and MetaSchedule's evolutionary search skips those by structural hash
+        too."""
         configs = self.space.canonical(configs)
         out = []
         for c, (sch, reason, canon) in zip(configs, self.space.decode_many(configs)):
@@ -90,7 +147,7 @@ class TuneState:
         lats = [v for v in self.results.values() if v is not None]
         return min(lats) if lats else None
 
-    # -- for the loops ----------------------------------------------------------------------------
+    # -- write (the loops) ------------------------------------------------------------------------
     def prepare(self, strategy, n: int, attempts: int = 3,
                 fill_rounds: int = 4) -> list[tuple[np.ndarray, object]]:
         """Ask the strategy for up to ``n`` configs; decode them; drop duplicates and invalid ones.
@@ -127,6 +184,20 @@ class TuneState:
     def record(self, configs: np.ndarray, latencies: list) -> None:
         for c, lat in zip(configs, latencies):
             self.results[tuple(int(x) for x in c)] = lat
+
+    def resume(self, configs: np.ndarray, latencies: list) -> None:
+        """Start from earlier measurements: record them, note their kernels (so no alias of one is
+        measured again) and fit the cost model on them."""
+        self.record(configs, latencies)
+        if len(configs):
+            self.resolve(np.asarray(configs, dtype=np.int64))
+        self.refit()
+
+    def after_measure(self, strategy, configs: np.ndarray, latencies: list) -> None:
+        """A batch's outcomes are in: record them, refit the cost model, tell the strategy."""
+        self.record(configs, latencies)
+        self.refit()
+        strategy.update(np.asarray(configs, dtype=np.int64).reshape(-1, self.space.ndim), list(latencies))
 
     def refit(self) -> None:
         if not self.results:

@@ -1,28 +1,30 @@
 """The one interface every search strategy implements, and the registry of names.
 
-A strategy sees the tuning state (knob space, cost model, what was measured) and proposes configs
-to measure; it may propose fewer than asked (adaptive sampling does).  Adding a strategy means one
-new file with a subclass decorated by ``@register("name")``.
+A strategy gets the search's read-only ``SearchContext`` (knob space, cost model, rng, what was
+measured) once, proposes configs to measure and hears their outcomes; only the loop records them.
+It may propose fewer than asked (adaptive sampling does).  Adding a strategy means one new file
+with a subclass, or a factory returning one, decorated by ``@register("name")``.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ..state import TuneState
+from ..state import SearchContext, TuneState
 
-STRATEGIES: dict[str, type["Strategy"]] = {}
+STRATEGIES: dict[str, Callable[..., "Strategy"]] = {}
 
 
 def register(*names: str):
-    def deco(cls):
+    """Register a ``Strategy`` subclass, or a factory of one, under ``names``."""
+    def deco(factory):
         for n in names:
-            STRATEGIES[n] = cls
-        cls.name = names[0]
-        return cls
+            STRATEGIES[n] = factory
+        if isinstance(factory, type):
+            factory.name = names[0]
+        return factory
     return deco
 
 
@@ -38,10 +40,12 @@ class Strategy(ABC):
     """propose() a batch of unmeasured configs; update() with their measurements."""
 
     name = "strategy"
-    fills_batch = True      # False: a short proposal is deliberate, do not top it up
+    fills_batch = True      # False: a short proposal is deliberate, the loop does not top it up
 
-    def setup(self, state: "TuneState") -> None:
-        self.state = state
+    def setup(self, context: SearchContext) -> None:
+        """Called once by the loop before the first ``propose``; ``self.state`` is then the
+        search's read-only view (a ``TuneState`` given by hand stands for its ``context``)."""
+        self.state = context.context if isinstance(context, TuneState) else context
 
     @abstractmethod
     def propose(self, n: int) -> np.ndarray:

@@ -67,15 +67,23 @@ class GeneticSearch(Strategy):
         self.population: list[tuple[tuple, float | None]] = []     # (canonical config, latency) of the generation
         self.elites: list[tuple[tuple, float | None]] = []
 
+    def _admit(self, config: np.ndarray, seen: set, taken: set) -> np.ndarray | None:
+        """``config``'s key (its kernel, as the loop records it) if TVM accepts it and it was
+        neither measured nor ``taken``; the key is then taken."""
+        key = self.state.key(config)
+        if key is None or key in seen or key in taken or not self.state.space.is_valid(np.array(key)):
+            return None
+        taken.add(key)
+        return np.array(key, dtype=np.int64)
+
     def _fresh(self, n: int, taken: set) -> list[np.ndarray]:
         """Up to ``n`` random configs that decode and were neither measured nor ``taken``."""
         st, out = self.state, []
         for _ in range(self.tries):
+            seen = st.measured_keys()
             for c in st.unmeasured(st.space.random(4 * (n - len(out)), st.rng)):
-                key = tuple(int(x) for x in c)
-                if len(out) < n and key not in taken and st.space.is_valid(c):
-                    taken.add(key)
-                    out.append(c)
+                if len(out) < n and (key := self._admit(c, seen, taken)) is not None:
+                    out.append(key)
             if len(out) >= n:
                 break
         return out
@@ -92,18 +100,15 @@ class GeneticSearch(Strategy):
             i, j = roulette_select(fitness, 2, st.rng)
             child = crossover(parents[i], parents[j], st.rng)
             child = mutate(child, np.where(space.active[child[0]], space.sizes, 1), self.mutation, st.rng)
-            child = space.decode(child)[2]                  # canonical as the tuner records it
-            key = tuple(int(x) for x in child)
-            if key not in seen and key not in taken and space.is_valid(child):
-                taken.add(key)
-                out.append(child)
+            if (key := self._admit(child, seen, taken)) is not None:
+                out.append(key)
         return out
 
     def propose(self, n: int) -> np.ndarray:
         st = self.state
-        if not self.population and st.results:        # resumed: the best records are the first population
+        if not self.population and st.outcomes:       # resumed: the best records are the first population
             keys = [tuple(int(x) for x in c) for c in st.best(2 * n)]
-            self.population = [(k, st.results[k]) for k in keys]
+            self.population = [(k, st.outcomes[k]) for k in keys]
         taken: set = set()
         if not self.population:
             out = self._fresh(n, taken)                                              # Step1

@@ -1,4 +1,5 @@
-"""Chameleon's Adaptive Exploration: a PPO agent that moves every knob down / stay / up.
+"""The PPO agent of Chameleon's Adaptive Exploration (``exploration.py``): it moves every knob
+down / stay / up.
 
 Read top to bottom like a CleanRL script: network, rollout, reward, GAE, clipped update.
 Hand-written rather than taken from torchrl: the rollout is a batch of episodes stepped together
@@ -16,20 +17,21 @@ fit torchrl's environment/collector shape, and GAE plus the clipped loss are a d
   predicted fitness has not improved for ``stall`` steps (the early stop AutoTVM's simulated
   annealing has too, 50 steps).  Scoring every ``chunk`` steps rather than once at the end
   gives the same rewards, and lets an iteration cost what the search needs instead of always
-  128 x 500 steps (~4x fewer steps on L8, bench/paper.py reports the overhead);
+  128 x 500 steps;
 * the rollout samples actions from a numpy copy of the policy (``ActorCritic.numpy_policy``: torch's
   per-call overhead dwarfs networks this small), and the update trains on at most
   ``max_batch`` of the iteration's transitions, drawn uniformly after GAE has used them all
-  (an iteration walks ~30k steps, most of them near-copies of their neighbours; 3 epochs over
-  all of them cost ~0.35 s on L8, 3 over 4096 of them 0.11 s, on one core).
+  (most steps are near-copies of their neighbours).
 
-Hyper-parameters are the paper's (Table 9): Adam 1e-3, discount 0.9, GAE 0.99, 3 epochs,
-clip 0.3, value coefficient 1.0, entropy 0.1.  The agent persists across calls, so it keeps
-what it learned about the design space from one tuning iteration to the next.
+Hyper-parameters are one ``PPOConfig``: ``CHAMELEON`` is the paper's Table 9, ``WOODPECKER``
+the preset of Woodpecker-DL's measurement-driven agent.  The agent persists across calls, so it
+keeps what it learned about the design space from one tuning iteration to the next.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -37,6 +39,38 @@ from threadpoolctl import ThreadpoolController
 from torch import nn
 
 from ..knobs import first_rows
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO's hyper-parameters: network width(s), Adam step size, discount, GAE parameter, and the
+    clipped update's epochs, clip, value and entropy coefficients and minibatch size."""
+    hidden: int | tuple = 64
+    lr: float = 1e-3
+    gamma: float = 0.9
+    gae_lambda: float = 0.99
+    epochs: int = 3
+    clip: float = 0.3
+    vf_coef: float = 1.0
+    ent_coef: float = 0.1
+    minibatch: int = 4096
+
+
+CHAMELEON = PPOConfig()     # Table 9 (the paper gives no width or minibatch: 64, and one minibatch)
+# Woodpecker-DL §2.4: four FC layers 512-1024-1024-512 and c1 = 0.15; entropy 0.01, not its c2 = 20,
+# which against normalised advantages flattens the policy into a random walk
+WOODPECKER = PPOConfig(hidden=(512, 1024, 1024, 512), epochs=4, clip=0.2, vf_coef=0.15, ent_coef=0.01,
+                       minibatch=64)
+
+
+class Rollout(NamedTuple):
+    """A batch of episodes stepped together, each field shaped (steps, episodes, ...)."""
+    obs: np.ndarray         # observation before the step
+    action: np.ndarray      # per knob: 0 down, 1 stay, 2 up
+    reached: np.ndarray     # the config the step reached
+    alive: np.ndarray       # whether the step belongs to its episode
+    reward: np.ndarray      # raw reward: the cost model's score of ``reached``
+
 
 _threadpools: ThreadpoolController | None = None
 _depth = 0      # one_thread blocks entered and not left (they nest: Chameleon's propose, the agent's explore)
@@ -131,24 +165,23 @@ def gae(rewards, values, alive, gamma: float, lam: float):
     return adv, adv + values
 
 
-def ppo_update(net, opt, evaluate, old_logp, adv, ret, *, epochs: int, minibatch: int, clip: float,
-               vf_coef: float, ent_coef: float, gen: torch.Generator) -> None:
+def ppo_update(net, opt, evaluate, old_logp, adv, ret, cfg: PPOConfig, gen: torch.Generator) -> None:
     """The clipped-surrogate PPO step over a batch of transitions, in shuffled minibatches.
 
     ``evaluate(idx)`` re-runs the network on transitions ``idx`` and returns their (log
     probability of the action taken, entropy, value) under the current weights."""
     n = len(old_logp)
-    for _ in range(epochs):
+    for _ in range(cfg.epochs):
         perm = torch.randperm(n, generator=gen)
-        for start in range(0, n, minibatch):
-            idx = perm[start:start + minibatch]
+        for start in range(0, n, cfg.minibatch):
+            idx = perm[start:start + cfg.minibatch]
             logp, entropy, value = evaluate(idx)
             ratio = torch.exp(logp - old_logp[idx])
             a = adv[idx]
             a = (a - a.mean()) / (a.std() + 1e-8)
-            pg_loss = torch.max(-a * ratio, -a * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+            pg_loss = torch.max(-a * ratio, -a * torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip)).mean()
             v_loss = 0.5 * ((value - ret[idx]) ** 2).mean()
-            loss = pg_loss + vf_coef * v_loss - ent_coef * entropy.mean()
+            loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy.mean()
             opt.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(net.parameters(), 0.5)
@@ -156,19 +189,20 @@ def ppo_update(net, opt, evaluate, old_logp, adv, ret, *, epochs: int, minibatch
 
 
 class PPOAgent:
-    def __init__(self, sizes, *, seed: int = 0, hidden: int = 64, lr: float = 1e-3, gamma: float = 0.9,
-                 gae_lambda: float = 0.99, epochs: int = 3, clip: float = 0.3, vf_coef: float = 1.0,
-                 ent_coef: float = 0.1, minibatch: int = 4096, patience: int = 3, stall: int = 50,
-                 chunk: int = 10, max_batch: int = 4096):
+    """The agent: ``config``'s PPO, episodes ending after ``patience`` still steps or ``stall``
+    steps without a better score (scored every ``chunk`` steps), updates on at most
+    ``max_batch`` transitions."""
+
+    def __init__(self, sizes, config: PPOConfig = CHAMELEON, *, seed: int = 0, patience: int = 3,
+                 stall: int = 50, chunk: int = 10, max_batch: int = 4096):
         self.sizes = np.asarray(sizes, dtype=np.int64)
-        self.gamma, self.lam, self.epochs, self.clip = gamma, gae_lambda, epochs, clip
-        self.vf_coef, self.ent_coef, self.minibatch, self.patience = vf_coef, ent_coef, minibatch, patience
-        self.stall, self.chunk, self.max_batch = stall, chunk, max_batch
+        self.config = config
+        self.patience, self.stall, self.chunk, self.max_batch = patience, stall, chunk, max_batch
         self.gen = torch.Generator().manual_seed(seed)
         self.rng = np.random.default_rng(seed)
         torch.manual_seed(seed)
-        self.net = ActorCritic(len(self.sizes), hidden)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=lr, eps=1e-5)
+        self.net = ActorCritic(len(self.sizes), config.hidden)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=config.lr, eps=1e-5)
         self.last_steps = self.converge_step = 0
         self._pending = None                # a rollout not learned from yet, see explore(learn=False)
         self.history: list[float] = []      # mean raw reward per explore() call
@@ -176,10 +210,9 @@ class PPOAgent:
     def _obs(self, configs: np.ndarray) -> np.ndarray:
         return (configs / np.maximum(self.sizes - 1, 1)).astype(np.float32)
 
-    def _rollout(self, init: np.ndarray, max_steps: int, reward_fn):
+    def _rollout(self, init: np.ndarray, max_steps: int, reward_fn) -> Rollout:
         """Step all episodes together, scoring the states reached with the cost model every
-        ``chunk`` steps; returns per-step arrays shaped (T, E, ...): observation, action, state
-        reached, whether the episode was live, raw reward."""
+        ``chunk`` steps."""
         policy = self.net.numpy_policy()
         cfg, still = init.copy(), np.zeros(len(init), dtype=np.int64)
         alive = np.ones(len(init), dtype=bool)
@@ -207,7 +240,7 @@ class PPOAgent:
                 alive &= t - last_gain < self.stall
             if not alive.any():
                 break
-        return tuple(np.stack(x) for x in (obs_l, act_l, next_l, alive_l, reward_l))
+        return Rollout(*(np.stack(x) for x in (obs_l, act_l, next_l, alive_l, reward_l)))
 
     def explore(self, init_configs: np.ndarray, reward_fn, *, max_steps: int = 500,
                 max_batch: int | None = None, learn: bool = True, rewards: bool = False):
@@ -219,20 +252,19 @@ class PPOAgent:
         candidates, so Chameleon runs it on a second core while it clusters and decodes them."""
         with one_thread():
             init = np.asarray(init_configs, dtype=np.int64)
-            batch = self._rollout(init, max_steps, reward_fn)
-            _, _, nxt, alive, reward = batch
-            self.last_steps = len(nxt)
-            self.history.append(float(reward[alive].mean()))
-            best_so_far = np.maximum.accumulate(reward.max(1))
+            ro = self._rollout(init, max_steps, reward_fn)
+            self.last_steps = len(ro.reached)
+            self.history.append(float(ro.reward[ro.alive].mean()))
+            best_so_far = np.maximum.accumulate(ro.reward.max(1))
             self.converge_step = int((best_so_far < best_so_far[-1]).sum()) + 1   # step the best stopped improving
-            self._pending = (batch, max_batch or self.max_batch)
+            self._pending = (ro, max_batch or self.max_batch)
             if learn:
                 self.learn()
-        states = np.concatenate([init, nxt[alive]])
+        states = np.concatenate([init, ro.reached[ro.alive]])
         first = first_rows(states)
         if not rewards:
             return states[first]
-        return states[first], np.concatenate([np.full(len(init), np.nan), reward[alive]])[first]
+        return states[first], np.concatenate([np.full(len(init), np.nan), ro.reward[ro.alive]])[first]
 
     def learn(self) -> None:
         """The PPO update on the last ``explore(learn=False)``'s batch (no-op if none is pending)."""
@@ -241,18 +273,18 @@ class PPOAgent:
             with one_thread():
                 self._learn(*pending)
 
-    def _learn(self, batch, max_batch: int) -> None:
-        obs, act, _, alive, rewards = batch
-        raw = rewards[alive]
-        std = np.zeros_like(rewards, dtype=np.float32)
-        std[alive] = (raw - raw.mean()) / (raw.std() + 1e-8)
-        obs, act, alive = torch.from_numpy(obs), torch.from_numpy(act), torch.from_numpy(alive)
+    def _learn(self, ro: Rollout, max_batch: int) -> None:
+        raw = ro.reward[ro.alive]
+        std = np.zeros_like(ro.reward, dtype=np.float32)
+        std[ro.alive] = (raw - raw.mean()) / (raw.std() + 1e-8)
+        obs, act, alive = torch.from_numpy(ro.obs), torch.from_numpy(ro.action), torch.from_numpy(ro.alive)
         live = torch.nonzero(alive.flatten()).squeeze(1)                 # episodes end at different steps
         obs, act = obs.flatten(0, 1)[live], act.flatten(0, 1)[live]
         val = torch.zeros(alive.numel())
         with torch.no_grad():                                            # GAE needs every live step's value
             val[live] = self.net.value(self.net.shared(obs)).squeeze(-1)
-        adv, ret = gae(torch.from_numpy(std), val.view(alive.shape), alive, self.gamma, self.lam)
+        adv, ret = gae(torch.from_numpy(std), val.view(alive.shape), alive, self.config.gamma,
+                       self.config.gae_lambda)
         adv, ret = adv.flatten()[live], ret.flatten()[live]
         keep = torch.arange(len(live))
         if len(keep) > max_batch:          # neighbouring steps of an episode are near-duplicates
@@ -263,5 +295,4 @@ class PPOAgent:
 
         def evaluate(idx):
             return self.net.evaluate(b_obs[idx], b_act[idx])
-        ppo_update(self.net, self.opt, evaluate, b_logp, b_adv, b_ret, epochs=self.epochs, minibatch=self.minibatch,
-                   clip=self.clip, vf_coef=self.vf_coef, ent_coef=self.ent_coef, gen=self.gen)
+        ppo_update(self.net, self.opt, evaluate, b_logp, b_adv, b_ret, self.config, self.gen)

@@ -12,25 +12,21 @@
   (``horizon``, 3 steps: on a synthetic latency surface 3 did at least as well as 4-8), each
   restarting with α_0 = 0 from one of the best configs measured so far or, half the time, a
   random one;
-* network: policy and value each the paper's four tanh layers 512-1024-1024-512.  Two layers of
-  64 were measured against it (``python bench/rl_net.py``: 8 synthetic surfaces, 256
-  measurements): best latency / optimum 1.216, 1.132, 1.113, 1.103 after 64/128/192/256 against
-  the paper's 1.168, 1.139, 1.107, 1.095, so the small one is not clearly no worse; the paper's
-  costs ~25 ms of search per measurement here, about 1% of a measurement;
-* PPO through ppo.py's ``gae`` and ``ppo_update``: value coefficient 0.15 (the paper's c1);
-  entropy coefficient 0.01, not its c2 = 20, which against our normalised advantages would
-  flatten the policy into a random walk.
+* network: policy and value each the paper's four tanh layers 512-1024-1024-512;
+* PPO through ppo.py's ``gae`` and ``ppo_update`` with its ``WOODPECKER`` preset.
 
-``propose(n)`` advances n environments one step each.  A step that lands on a config measured
-before takes its reward from that record and steps again; one that lands on an invalid or failing
-config gets the failure reward (β_t = 2α_{t-1}) and stays put; these steps are free, so at most
-``free_steps`` per environment and call.  Every other step costs a real measurement, so the agent
-learns only as fast as the hardware measures: at budgets of tens of trials it is barely trained,
-and even in the paper it is the slow, high-variance search (§3.2).
+``propose(n)`` advances n environments one step each.  A step that lands on a kernel measured
+before (keyed as the loop keys it, ``SearchContext.key``) takes its reward from that record and
+steps again; one that lands on an invalid or failing config gets the failure reward
+(β_t = 2α_{t-1}) and stays put; these steps are free, so at most ``free_steps`` per environment
+and call.  Every other step costs a real measurement, so the agent learns only as fast as the
+hardware measures: at budgets of tens of trials it is barely trained, and even in the paper it is
+the slow, high-variance search (§3.2).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -38,7 +34,7 @@ from torch import nn
 
 from ...measure.verify import signature
 from .base import Strategy, register
-from .ppo import gae, ppo_update
+from .ppo import WOODPECKER, PPOConfig, gae, ppo_update
 
 
 def moving_average(alpha_prev: float, beta: float, t: int) -> float:
@@ -49,9 +45,6 @@ def moving_average(alpha_prev: float, beta: float, t: int) -> float:
 def reward(alpha_prev: float, beta: float) -> float:
     """Eq. 4: r_t = α_{t-1} - min(β_t, 2·α_{t-1})."""
     return alpha_prev - min(beta, 2 * alpha_prev)
-
-
-PAPER_LAYERS = (512, 1024, 1024, 512)     # Woodpecker-DL's four FC layers
 
 
 def _mlp(sizes) -> nn.Sequential:
@@ -75,39 +68,49 @@ class PolicyValue(nn.Module):
         return torch.distributions.Categorical(logits=logits), self.value(obs).squeeze(-1)
 
 
+class Decision(NamedTuple):
+    """One step the agent took: what it saw, what it did, with what probability and value."""
+    obs: torch.Tensor
+    mask: torch.Tensor
+    action: torch.Tensor
+    logp: torch.Tensor
+    value: torch.Tensor
+
+
+class Step(NamedTuple):
+    """A decision with its reward (Eq. 4), once its outcome is known."""
+    decision: Decision
+    reward: float
+
+
 @dataclass
 class _Env:
     config: np.ndarray
     alpha: float = 0.0                              # α_{t-1}
     t: int = 0                                      # steps taken in this episode
-    steps: list = field(default_factory=list)       # (obs, mask, action, logp, value, reward)
-    pending: tuple | None = None                    # (step, key): the config it waits to see measured
+    steps: list[Step] = field(default_factory=list)
+    pending: tuple[Decision, tuple] | None = None   # the decision and the key it waits to see measured
 
 
 @register("rl-direct")
 class RLDirect(Strategy):
-    def __init__(self, horizon: int = 3, free_steps: int = 8, update_every: int = 32,
-                 hidden: int | tuple = PAPER_LAYERS,
-                 lr: float = 1e-3, gamma: float = 0.9, gae_lambda: float = 0.99, epochs: int = 4, clip: float = 0.2,
-                 vf_coef: float = 0.15, ent_coef: float = 0.01, minibatch: int = 64):
-        self.horizon, self.free_steps, self.update_every = horizon, free_steps, update_every
-        self.hidden, self.lr, self.gamma, self.lam = hidden, lr, gamma, gae_lambda
-        self.ppo = dict(epochs=epochs, clip=clip, vf_coef=vf_coef, ent_coef=ent_coef, minibatch=minibatch)
+    def __init__(self, horizon: int = 3, free_steps: int = 8, update_every: int = 32, ppo: PPOConfig = WOODPECKER):
+        self.horizon, self.free_steps, self.update_every, self.ppo = horizon, free_steps, update_every, ppo
         self.envs: list[_Env] = []
-        self.episodes: list[list] = []              # finished episodes not learned from yet
+        self.episodes: list[list[Step]] = []        # finished episodes not learned from yet
         self.scale: float | None = None             # runtime unit: the first latency measured
         self.updates = 0
 
-    def setup(self, state) -> None:
-        super().setup(state)
-        space = state.space
+    def setup(self, context) -> None:
+        super().setup(context)
+        space = self.state.space
         dims = [d for shape, _ in signature(space.mod) for d in shape]
         self.shape_obs = (np.log2(1.0 + np.array(dims, dtype=np.float32)) / 10).astype(np.float32)
-        seed = int(state.rng.integers(1 << 30))
+        seed = int(self.state.rng.integers(1 << 30))
         self.gen = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
-        self.net = PolicyValue(len(dims) + space.ndim + 1, 2 * space.ndim, self.hidden)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=self.lr, eps=1e-5)
+        self.net = PolicyValue(len(dims) + space.ndim + 1, 2 * space.ndim, self.ppo.hidden)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=self.ppo.lr, eps=1e-5)
 
     # -- environment ----------------------------------------------------------------------------------
     def _observe(self, env: _Env):
@@ -128,13 +131,13 @@ class RLDirect(Strategy):
                 return c
         return c
 
-    def _finish(self, env: _Env, step: tuple, key: tuple, latency: float | None) -> None:
-        """Reward a step whose outcome is known; move there unless it failed."""
+    def _finish(self, env: _Env, decision: Decision, key: tuple | None, latency: float | None) -> None:
+        """Reward a decision whose outcome is known; move to ``key`` unless it failed."""
         if latency is not None and self.scale is None:
             self.scale = latency
         beta = 2 * env.alpha if latency is None else latency / self.scale
         env.t += 1
-        env.steps.append(step + (reward(env.alpha, beta),))
+        env.steps.append(Step(decision, reward(env.alpha, beta)))
         env.alpha = moving_average(env.alpha, beta, env.t)
         if latency is not None:
             env.config = np.array(key, dtype=np.int64)
@@ -145,29 +148,28 @@ class RLDirect(Strategy):
     def _step(self, env: _Env, taken: set) -> np.ndarray | None:
         """Step ``env`` until it reaches an unmeasured valid config (returned, left pending) or
         runs out of free steps (None)."""
-        st, space = self.state, self.state.space
+        st = self.state
         for _ in range(self.free_steps):
             obs, mask = self._observe(env)
             with torch.no_grad():
                 dist, value = self.net(obs, mask)
                 action = torch.multinomial(dist.probs, 1, generator=self.gen)[0]
-            step = (obs, mask, action, dist.log_prob(action), value)
+            decision = Decision(obs, mask, action, dist.log_prob(action), value)
             knob, up = divmod(int(action), 2)
             new = env.config.copy()
             new[knob] += 1 if up else -1
-            new = space.decode(new)[2]                      # canonical as the tuner records it
-            key = tuple(int(x) for x in new)
-            if key in taken:                                  # another environment measures it now
-                env.pending = step, key
+            key = st.key(new)                                 # the kernel's key, as the loop records it
+            if key is None or not st.space.is_valid(np.array(key)):
+                self._finish(env, decision, key, None)
+            elif key in taken:                                # another environment measures it now
+                env.pending = decision, key
                 return None
-            if key in st.results:
-                self._finish(env, step, key, st.results[key])
-            elif key in st.invalid or not space.is_valid(new):
-                self._finish(env, step, key, None)
+            elif key in st.outcomes:
+                self._finish(env, decision, key, st.outcomes[key])
             else:
-                env.pending = step, key
+                env.pending = decision, key
                 taken.add(key)
-                return new
+                return np.array(key, dtype=np.int64)
         return None
 
     def propose(self, n: int) -> np.ndarray:
@@ -187,29 +189,31 @@ class RLDirect(Strategy):
         for env in self.envs:
             if env.pending is None:
                 continue
-            step, key = env.pending
+            decision, key = env.pending
             env.pending = None
-            if key in measured or key in self.state.results:
-                self._finish(env, step, key, measured.get(key, self.state.results.get(key)))
-            # else: the tuner did not measure it; the step is dropped
+            if key in measured:
+                self._finish(env, decision, key, measured[key])
+            elif key in self.state.outcomes:
+                self._finish(env, decision, key, self.state.outcomes[key])
+            # else: the loop did not measure it; the step is dropped
         if sum(map(len, self.episodes)) >= self.update_every:
             self._learn()
 
     # -- learning -------------------------------------------------------------------------------------
     def _learn(self) -> None:
-        steps = [s for ep in self.episodes for s in ep]
+        decisions = [s.decision for ep in self.episodes for s in ep]
         adv, ret = [], []
         for ep in self.episodes:
-            r = torch.tensor([s[5] for s in ep], dtype=torch.float32)[:, None]
-            a, rt = gae(r, torch.stack([s[4] for s in ep])[:, None], torch.ones_like(r, dtype=torch.bool),
-                        self.gamma, self.lam)
+            r = torch.tensor([s.reward for s in ep], dtype=torch.float32)[:, None]
+            a, rt = gae(r, torch.stack([s.decision.value for s in ep])[:, None], torch.ones_like(r, dtype=torch.bool),
+                        self.ppo.gamma, self.ppo.gae_lambda)
             adv.append(a[:, 0])
             ret.append(rt[:, 0])
         self.episodes = []
-        obs, mask, act, logp = (torch.stack([s[i] for s in steps]) for i in range(4))
+        obs, mask, act, logp = (torch.stack(x) for x in list(zip(*decisions))[:4])
 
         def evaluate(idx):
             dist, value = self.net(obs[idx], mask[idx])
             return dist.log_prob(act[idx]), dist.entropy(), value
-        ppo_update(self.net, self.opt, evaluate, logp, torch.cat(adv), torch.cat(ret), gen=self.gen, **self.ppo)
+        ppo_update(self.net, self.opt, evaluate, logp, torch.cat(adv), torch.cat(ret), self.ppo, self.gen)
         self.updates += 1

@@ -1,17 +1,15 @@
-"""AutoTVM's model-based tuner: parallel simulated annealing over the cost model + greedy top-k.
+"""AutoTVM's parallel simulated annealing over the cost model, Chameleon's ``sa`` explorer.
 
 The baseline of the Chameleon paper (Table 8): 128 Markov chains, at most 500 steps (stopping
 early once the top list stops improving for 50 steps), a plan of the 64 best predicted configs not
-measured yet, of which the last 5% are replaced by random picks (ε-greedy); the cost model is refit
-after every batch by the tuner.  Chains persist across batches, as in AutoTVM.
+measured yet.  Chains persist across batches, as in AutoTVM.  With greedy sampling
+(``chameleon.py``) it is AutoTVM's model-based tuner, the strategy ``sa``.
 """
 from __future__ import annotations
 
 import heapq
 
 import numpy as np
-
-from .base import Strategy, register
 
 
 def simulated_annealing(space, score, rng, points, *, n_steps=500, temp=(1.0, 0.0), early_stop=50,
@@ -50,24 +48,31 @@ def simulated_annealing(space, score, rng, points, *, n_steps=500, temp=(1.0, 0.
     return np.array([h[2] for h in best], dtype=np.int64).reshape(-1, space.ndim), points, last_improve
 
 
-@register("sa")
-class SimulatedAnnealing(Strategy):
-    def __init__(self, n_chains: int = 128, n_steps: int = 500, plan_size: int = 64, eps: float = 0.05):
-        self.n_chains, self.n_steps, self.plan_size, self.eps = n_chains, n_steps, plan_size, eps
-        self.points = None
-        self.steps_taken = []        # steps to converge per batch, for the Chameleon Fig. 7a comparison
+class SimulatedAnnealing:
+    """Chameleon's explorer ``sa``: ``n_chains`` Markov chains over the cost model, kept across
+    iterations, at most ``n_steps`` steps; the plan is the ``plan_size`` (at least a batch)
+    best-predicted configs not measured."""
 
-    def propose(self, n: int) -> np.ndarray:
-        st = self.state
-        if not st.cost_model.trained:
-            return st.unmeasured(st.space.random(4 * n, st.rng))[:n]
+    def __init__(self, n_chains: int = 128, n_steps: int = 500, plan_size: int = 64):
+        self.n_chains, self.n_steps, self.plan_size = n_chains, n_steps, plan_size
+        self.points = None
+        self.steps = 0          # step of the last run's last improvement (Chameleon Fig. 7a)
+
+    def setup(self, context) -> None:
+        pass
+
+    def explore(self, context, n: int, last_search_s: float | None) -> tuple[np.ndarray, None]:
+        """The plan, best first; the cost model scores it again where it is sampled."""
+        st = context
         if self.points is None:
             self.points = st.space.random(self.n_chains, st.rng)
-        plan, self.points, steps = simulated_annealing(
+        plan, self.points, self.steps = simulated_annealing(
             st.space, st.cost_model.predict, st.rng, self.points, n_steps=self.n_steps,
             plan_size=max(self.plan_size, n), exclude=st.measured_keys())
-        self.steps_taken.append(steps)
-        n_random = int(round(self.eps * n))
-        picks = st.unmeasured(plan)[: n - n_random]
-        rand = st.unmeasured(st.space.random(4 * n, st.rng))
-        return np.concatenate([picks, rand[: n - len(picks)]])
+        return plan, None
+
+    def report(self) -> dict:
+        return {"steps": self.steps, "episodes": None}
+
+    def wait(self) -> None:
+        pass
