@@ -115,17 +115,14 @@ def _runner(executable, weights: list[int], spec, tensor_slots: list[int], const
     """The callable Dynamo calls: the graph's non-weight inputs in, its output structure out."""
     import tvm
     from torch.utils._pytree import tree_unflatten
+
+    from .model.compile import vm_leaves
     vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
     skip = set(weights)
 
-    def flat(out):
-        if isinstance(out, tvm.runtime.Tensor):
-            return [torch.from_dlpack(out)]
-        return [t for o in out for t in flat(o)]
-
     def run(*args):
         inputs = [tvm.runtime.from_dlpack(a.detach().contiguous()) for i, a in enumerate(args) if i not in skip]
-        got = iter(flat(vm["main"](*inputs)))
+        got = (torch.from_dlpack(t) for t in vm_leaves(vm["main"](*inputs)))
         leaves = list(constants)
         for slot in tensor_slots:
             leaves[slot] = next(got)

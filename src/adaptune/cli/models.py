@@ -88,30 +88,30 @@ def _ms(sec) -> str:
 
 
 def _choice_table(best) -> None:
-    """The per-chain choice (oneDNN's fused call or our kernel) and the whole-model builds behind it."""
+    """The per-chain choice (the library's fused call or our kernel) and the whole-model builds behind it."""
     from rich.console import Console
     from rich.table import Table
     console = Console()
     if best.choices:
-        table = Table(title="per chain: oneDNN's fused call, Winograd (our transforms + oneDNN GEMM) or our "
-                            "tuned kernel (--no-library: ours everywhere)")
-        for col in ("chain", "calls", "oneDNN", "Winograd", "tuned (fused)", "fastest"):
+        table = Table(title="per chain: the library's fused call (oneDNN; PyTorch for batched matmuls, softmax and "
+                            "layer norm), Winograd (our transforms + oneDNN GEMM) or our tuned kernel "
+                            "(--no-library: ours everywhere)")
+        for col in ("chain", "calls", "library", "Winograd", "tuned (fused)", "fastest"):
             table.add_column(col, justify="left" if col in ("chain", "fastest") else "right")
-        names = {"onednn": "oneDNN", "winograd": "Winograd", "generated": "generated"}
         for c in best.choices:
-            table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.winograd_s), _ms(c.generated_s),
-                          names[c.impl])
+            fastest = {"onednn": c.op.vendor, "winograd": "Winograd"}.get(c.impl, c.impl)
+            table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.winograd_s), _ms(c.generated_s), fastest)
         console.print(table)
     console.print("whole model: " + ", ".join(f"{b.name} {_ms(b.seconds)}" for b in best.builds) +
                   f"  ->  keeps the {best.best.name} build")
 
 
 def _library_summary(library: dict, chains: int | None = None) -> str:
-    """What a build runs on the library: "5 of 16 conv/dense chains as fused oneDNN calls, 10 as Winograd"."""
+    """What a build runs on the library: "5 of 16 chains as fused library calls, 10 as Winograd"."""
     onednn = sum(1 for v in library.values() if v == "onednn")
     wino = len(library) - onednn
     of = "" if chains is None else f" of {chains}"
-    return f"{onednn}{of} conv/dense chains as fused oneDNN calls" + (f", {wino} as Winograd" if wino else "")
+    return f"{onednn}{of} chains as fused library calls" + (f", {wino} as Winograd" if wino else "")
 
 
 def _build_best(args, model, target, db):

@@ -162,13 +162,15 @@ def load(path):
     return tvm.runtime.load_module(str(path))
 
 
-def _flatten(out) -> list[np.ndarray]:
+def vm_leaves(out) -> list:
+    """The tensors of a Relax VM result (a tensor or nested tuples of them), in order."""
     if isinstance(out, tvm.runtime.Tensor):
-        return [out.numpy()]
-    res = []
-    for o in out:
-        res += _flatten(o)
-    return res
+        return [out]
+    return [t for o in out for t in vm_leaves(o)]
+
+
+def _flatten(out) -> list[np.ndarray]:
+    return [t.numpy() for t in vm_leaves(out)]
 
 
 def run_vm(executable, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -131,8 +131,8 @@ def _library_table(choices) -> str:
         f"<tr><td>{esc(c['op'])}</td><td>{c['calls']}</td><td>{_opt_ms(c['library_ms'])}</td>"
         f"<td>{_opt_ms(c.get('winograd_ms'))}</td><td>{_opt_ms(c['generated_ms'])}</td>"
         f"<td>{esc(c['choice'])}</td></tr>" for c in choices)
-    return ("<h2>Per chain: oneDNN's fused call, Winograd or our tuned kernel</h2><table><tr><th>chain</th>"
-            f"<th>calls</th><th>oneDNN ms</th><th>Winograd ms</th><th>tuned (fused) ms</th><th>fastest</th></tr>"
+    return ("<h2>Per chain: the library's fused call, Winograd or our tuned kernel</h2><table><tr><th>chain</th>"
+            f"<th>calls</th><th>library ms</th><th>Winograd ms</th><th>tuned (fused) ms</th><th>fastest</th></tr>"
             f"{rows}</table>")
 
 
@@ -163,7 +163,7 @@ def write_report(work_dir, out_dir=None) -> Path:
                         f"{_ms(comp['untuned_s'])} ms -> {_ms(comp['tuned_s'])} ms "
                         f"({comp['untuned_s'] / comp['tuned_s']:.1f}x; max error {comp['max_rel_error']:.1e})"))
         if comp.get("final_s") and comp.get("final_build") != "generated":
-            summary.append((f"final model ({comp['final_build']} build: fused oneDNN calls where faster)",
+            summary.append((f"final model ({comp['final_build']} build: library calls where faster)",
                             f"{_ms(comp['final_s'])} ms ({comp['untuned_s'] / comp['final_s']:.1f}x)"))
     library_html = _library_table(meta.get("library") or [])
     p = meta.get("passes", {})

@@ -46,6 +46,12 @@ class LibraryOp:
         return f"linear {'x'.join(map(str, self.data))} -> {self.weight[0]}{tail}"
 
     @property
+    def vendor(self) -> str:
+        """Whose kernel the library call runs: oneDNN's fused conv/dense calls, PyTorch's own ops
+        for the rest (its batched matmul picks oneDNN or MKL itself)."""
+        return "oneDNN" if self.kind in ("conv2d", "linear") else "PyTorch"
+
+    @property
     def flops(self) -> float:
         if self.kind == "softmax":
             return 5.0 * np.prod(self.out)                   # scale, mask, max, exp, sum, divide
