@@ -75,14 +75,15 @@ def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30
     """TVM MetaSchedule's default search (evolutionary + XGBoost), with our build function and runner
     and the design spaces our knob spaces are made of (``space_generator``: its default ones, except
     that a float32 CUDA workload skips the inapplicable tensor-core rules); it keeps its own
-    ``LocalBuilder``, which starts fresh workers for each batch (its stock behaviour)."""
+    ``LocalBuilder``, which starts fresh workers for each batch (its stock behaviour).  With a
+    device lock (``ADAPTUNE_DEVICE_LOCK``) each batch's runs hold it, as our measurements do."""
     wd = out / f"{wl.label}-ms-evolutionary"
     shutil.rmtree(wd, ignore_errors=True)
     m = Measurer(target, timeout=timeout)
     t0 = time.perf_counter()
     db = ms.tune_tir(wl.mod(), target, work_dir=str(wd), max_trials_global=trials, num_trials_per_iter=batch,
                      builder=ms.builder.LocalBuilder(f_build=fast_build, timeout_sec=timeout),
-                     runner=m.runner, strategy="evolutionary", cost_model="xgb", seed=seed,
+                     runner=m.ms_runner, strategy="evolutionary", cost_model="xgb", seed=seed,
                      space=space_generator(wl.mod(), target))
     wall = time.perf_counter() - t0
     curve = ms_curve(wd, wall)

@@ -10,6 +10,7 @@ Runtime and <= 1.0x torch.compile, never slower than eager.
     python bench/e2e.py                                   # resnet18 resnet50 mobilenetv2, 200 trials each
     python bench/e2e.py --models demo-cnn --trials 32     # a few minutes
     python bench/e2e.py --models resnet18 --ms            # also MetaSchedule's search at the same budget
+    python bench/e2e.py --models resnet18 --target cuda   # on the visible NVIDIA GPU (PyTorch on CUDA as anchors)
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from adaptune.model.frontends import load_model
 from adaptune.model.graph import fuse, optimise
 from adaptune.measure.run import Measurer
 from adaptune.scheduler import tune_model
-from adaptune.measure.target import host_target
+from adaptune.measure.target import TargetError, check_runnable, is_cuda, parse_target
 from adaptune.measure.workdir import WorkDir
 
 
@@ -59,6 +60,12 @@ def table(ev, wall) -> str:
     return "\n".join(lines)
 
 
+def progress(done: int, trials: int, task: str, estimate: float) -> None:
+    """A line every 16 measurements: how far tuning is, and the model's kernel time estimate."""
+    if done % 16 == 0 or done == trials:
+        print(f"  {done}/{trials} measured; kernel time estimate {estimate * 1e3:.3f} ms", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenetv2"])
@@ -69,10 +76,19 @@ def main(argv=None) -> int:
     ap.add_argument("--ms-batch", type=int, default=16)
     ap.add_argument("--reuse", action="store_true", help="reuse a finished work dir in --out instead of tuning")
     ap.add_argument("--out", default="bench/out/e2e")
+    ap.add_argument("--target", default=None, help="this host's CPU (default), or cuda: the visible NVIDIA GPU")
     args = ap.parse_args(argv)
+    try:
+        target = parse_target(args.target)
+        check_runnable(target)
+    except TargetError as e:
+        print(f"e2e.py: error: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = host_target()
+    if is_cuda(target):
+        import tvm
+        print(f"GPU: {tvm.cuda(0).device_name}", flush=True)
     print(f"target {target}; threads {thread_settings()}", flush=True)
     results = {}
     for name in args.models:
@@ -82,7 +98,8 @@ def main(argv=None) -> int:
         if not (args.reuse and WorkDir(wd).is_model()):
             shutil.rmtree(wd, ignore_errors=True)
             print(f"\n{name}: tuning with adaptune {args.strategy}, {args.trials} trials ...", flush=True)
-            wall = tune_model(model, target, trials=args.trials, strategy=args.strategy, work_dir=wd).wall_time
+            wall = tune_model(model, target, trials=args.trials, strategy=args.strategy, work_dir=wd,
+                              on_stage=lambda s: print(f"  {s}", flush=True), on_progress=progress).wall_time
         ev = evaluate(model, target, C.open_database(wd), rounds=args.rounds,
                       on_stage=lambda s: print(f"  {s}", flush=True))
         print(f"\n{name}, batch 1, {args.trials} trials, {target}\n{table(ev, wall)}", flush=True)

@@ -14,10 +14,13 @@
 #           command: bash .gpu/code/bench/gpu_machine.sh stage2 [STEP ...]
 #
 # stage2 installs the wheels into /tmp/site, prints the GPU and checks that TVM compiles CUDA there,
-# then runs the STEPs (default: all three, about 6 minutes on an H100 machine): `tests` =
-# tests/test_cuda.py (its GPU tests run there instead of skipping), `tune-op` = `adaptune tune-op
-# L8 --target cuda --trials 16`, `paper` = `bench/paper.py --target cuda --layers L8 --trials 32
-# --strategies rl+as` (against MetaSchedule); logs go to $OUT.
+# then runs the STEPs side by side (default: tests paper e2e; the whole check, about 8 minutes
+# on an H100 machine), every kernel run holding one lock file (ADAPTUNE_DEVICE_LOCK), so builds and
+# searches overlap and GPU timings never do: `tests` = tests/test_cuda.py (its GPU tests run there
+# instead of skipping), `tune-op` = `adaptune tune-op L8 --target cuda --trials 16`, `paper` =
+# `bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128 --jobs 4` (rl+as against
+# MetaSchedule), `e2e` = `bench/e2e.py --target cuda --models resnet18 --trials E2E_TRIALS` (256);
+# each step's log, the paper's plots and e2e.json go to $OUT.  STEP_TIMEOUT (s, default 520) bounds each.
 set -euo pipefail
 
 TVM=apache-tvm==0.27.0.post1
@@ -55,7 +58,7 @@ stage1)   # there, call 1: keep part 1 and the small wheels outside the repo
     ;;
 stage2)   # there, call 2 (within ~30 s of call 1)
     shift
-    steps=${*:-tests tune-op paper}
+    steps=${*:-tests paper e2e}
     out=${OUT:-/tmp}
     cp .gpu/w2/* "$STASH/"
     name=$(cat "$STASH/tvm.name")
@@ -69,21 +72,27 @@ stage2)   # there, call 2 (within ~30 s of call 1)
     probe='import tvm; from tvm import te; A = te.placeholder((64,), name="A"); B = te.compute((64,), lambda i: A[i] + 1, name="B"); s = tvm.s_tir.Schedule(te.create_prim_func([A, B])); b = s.get_sblock("B"); s.bind(s.get_loops(b)[0], "threadIdx.x"); tvm.compile(s.mod, target="cuda"); print("CUDA compile OK")'
     python3 -c "$probe" || { export TVM_CUDA_COMPILE_MODE=nvcc; echo "NVRTC failed: TVM_CUDA_COMPILE_MODE=nvcc"; python3 -c "$probe"; }
     cd .gpu/code
+    export ADAPTUNE_DEVICE_LOCK=/tmp/adaptune-device.lock
+    limit=${STEP_TIMEOUT:-520}
     set +e
-    if [[ " $steps " = *" tests "* ]]; then
-        timeout 180 python3 -m pytest -q -rs -s tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
-        echo "pytest exit: ${PIPESTATUS[0]}"
-    fi
-    if [[ " $steps " = *" tune-op "* ]]; then
-        timeout 90 python3 -m adaptune.cli tune-op L8 --target cuda --trials 16 --work-dir /tmp/l8-cuda \
-            2>&1 | tee "$out/tune_op_l8.log"
-        echo "tune-op exit: ${PIPESTATUS[0]}"
-    fi
-    if [[ " $steps " = *" paper "* ]]; then
-        timeout 180 python3 bench/paper.py --target cuda --layers L8 --trials 32 --strategies rl+as --out /tmp/paper \
-            2>&1 | tee "$out/paper_l8.log"
-        echo "paper.py exit: ${PIPESTATUS[0]}"
-    fi
+    pids=()
+    for step in $steps; do
+        case $step in
+        tests)   cmd=(python3 -m pytest -q -rs -s tests/test_cuda.py) ;;
+        tune-op) cmd=(python3 -m adaptune.cli tune-op L8 --target cuda --trials 16 --work-dir /tmp/l8-cuda) ;;
+        paper)   cmd=(python3 bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128 --strategies rl+as
+                      --jobs 4 --out /tmp/paper) ;;
+        e2e)     cmd=(python3 bench/e2e.py --target cuda --models resnet18 --trials "${E2E_TRIALS:-256}"
+                      --rounds 5 --out /tmp/e2e) ;;
+        *)       echo "unknown step $step"; continue ;;
+        esac
+        (timeout "$limit" "${cmd[@]}" >"$out/$step.log" 2>&1; echo "$step exit: $?" >>"$out/$step.log") &
+        pids+=($!)
+        echo "started $step: ${cmd[*]}"
+    done
+    wait "${pids[@]}"
+    for step in $steps; do echo "=== $step"; tail -n 60 "$out/$step.log" 2>/dev/null; done
+    cp /tmp/paper/L*.png /tmp/e2e/e2e.json "$out/" 2>/dev/null
     ;;
 *)
     sed -n '2,/^set /{/^set /d;p}' "$0"

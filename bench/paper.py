@@ -8,6 +8,7 @@ on the paper's layers L1-L8, same budget, same build function and runner, one ru
     python bench/paper.py --strategies rl+as --seeds 3        # everything three times (seeds 0, 1, 2)
     python bench/paper.py --target '{"kind": "llvm", "mcpu": "haswell"}'   # AVX2 code on this host
     python bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128  # the visible NVIDIA GPU
+    python bench/paper.py --target cuda --jobs 4   # 4 layers at a time; kernel runs take turns on the GPU
 
 Writes one PNG per layer (best GFLOPS against measurements and against wall time, like the paper's
 Fig. 9/12-14) to --out, and prints: per strategy and layer, measurements and wall time to reach
@@ -20,7 +21,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -37,6 +42,18 @@ from adaptune.measure.target import TargetError, check_runnable, is_cuda, parse_
 from adaptune.model.workloads import get_workload  # noqa: E402
 
 STRATEGIES = ["sa", "rl", "sa+as", "rl+as", "random"]
+
+
+def run_layer(layer, target, strategies, trials, batch, out: Path, seed) -> list:
+    """One layer's runs: each adaptune strategy, then MetaSchedule evolutionary (last)."""
+    wl = get_workload(layer)
+    runs = [run_adaptune(wl, target, s, trials, batch, out, seed) for s in strategies]
+    runs.append(run_ms_evolutionary(wl, target, trials, batch, out, seed))
+    return runs
+
+
+def _quiet_tvm() -> None:
+    logging.getLogger("tvm").setLevel(logging.WARNING)
 
 
 def plot(layer, wl, runs, out: Path):
@@ -138,10 +155,13 @@ def main() -> None:
                          "or cuda: the visible NVIDIA GPU")
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES,
                     help="adaptune strategies to run (default: all five)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="layers tuned at once, in worker processes; their kernel runs take turns on the device "
+                         "(a file lock, ADAPTUNE_DEVICE_LOCK, default OUT/.device.lock)")
     args = ap.parse_args()
     trials = args.trials or (64 if args.quick else 256)
     batch = 16 if trials <= 64 else 64
-    logging.getLogger("tvm").setLevel(logging.WARNING)
+    _quiet_tvm()
     target = parse_target(args.target)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -153,23 +173,34 @@ def main() -> None:
             sys.exit(2)
         print(f"GPU: {tvm.cuda(0).device_name}", flush=True)
     print(f"target {target}; {trials} trials per layer, {batch} per iteration", flush=True)
+    pool = None
+    if args.jobs > 1:
+        os.environ.setdefault("ADAPTUNE_DEVICE_LOCK", str(out.resolve() / ".device.lock"))   # workers inherit it
+        print(f"{args.jobs} jobs: layers tuned in parallel, measurements serialised with the lock "
+              f"{os.environ['ADAPTUNE_DEVICE_LOCK']} (wall times include waiting for it)", flush=True)
+        pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_tvm)
     summary = {}
-    for seed in range(args.seed, args.seed + args.seeds):
-        if args.seeds > 1:
-            print(f"\n=== seed {seed} ===", flush=True)
-        table = {}
-        for layer in args.layers:
-            wl = get_workload(layer)
-            runs = [run_adaptune(wl, target, s, trials, batch, out, seed) for s in args.strategies]
-            runs.append(run_ms_evolutionary(wl, target, trials, batch, out, seed))
-            plot(layer if seed == args.seed else f"{layer}-seed{seed}", wl, runs, out)
-            table[layer] = {r.strategy: r for r in runs}
-            ref = runs[-1].best
-            for r in runs:
-                print(f"{layer} {r.strategy:16s} best {r.best * 1e3:8.3f} ms ({wl.flops / r.best / 1e9:6.1f} GFLOPS) "
-                      f"x{r.best / ref:.2f} of ms-evo, wall {r.wall:5.0f} s, numerics {'PASS' if r.numerics_ok else 'FAIL'}",
-                      flush=True)
-        summary[seed] = report(table, args.strategies, trials)
+    try:
+        for seed in range(args.seed, args.seed + args.seeds):
+            if args.seeds > 1:
+                print(f"\n=== seed {seed} ===", flush=True)
+            table = {}
+            layer_runs = partial(run_layer, target=target, strategies=args.strategies, trials=trials, batch=batch,
+                                 out=out, seed=seed)
+            # in layer order, each as soon as it and the ones before it are done
+            for layer, runs in zip(args.layers, (pool.map if pool else map)(layer_runs, args.layers)):
+                wl = get_workload(layer)
+                plot(layer if seed == args.seed else f"{layer}-seed{seed}", wl, runs, out)
+                table[layer] = {r.strategy: r for r in runs}
+                ref = runs[-1].best
+                for r in runs:
+                    print(f"{layer} {r.strategy:16s} best {r.best * 1e3:8.3f} ms ({wl.flops / r.best / 1e9:6.1f} "
+                          f"GFLOPS) x{r.best / ref:.2f} of ms-evo, wall {r.wall:5.0f} s, "
+                          f"numerics {'PASS' if r.numerics_ok else 'FAIL'}", flush=True)
+            summary[seed] = report(table, args.strategies, trials)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     if args.seeds > 1:
         print("\nPer seed: geomean final latency relative to ms-evolutionary | geomean fewer measurements to reach "
               "its final best (* = upper bound, not reached on some layers)")

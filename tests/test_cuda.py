@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -183,3 +184,123 @@ def test_only_tensor_core_workloads_pay_for_the_cuda_intrinsics(monkeypatch, cud
     except Exception:  # noqa: BLE001 - the stand-in above registered nothing
         pass
     assert loaded == [1]
+
+
+@pytest.fixture(scope="module")
+def demo_cuda_db(tmp_path_factory, cuda):
+    """demo-cnn's tasks for CUDA, with a database holding each untuned kernel's default GPU schedule
+    (as ``tune_model`` commits them) and, for the heaviest task, one random valid tuned schedule."""
+    from adaptune._tvm import ms
+    from adaptune.model.frontends import load_model
+    from adaptune.model.graph import extract_tasks, optimise
+    from adaptune.scheduler import _commit_untuned
+    from adaptune.search.space import KnobSpace
+    model = load_model("demo-cnn")
+    tasks, _ = extract_tasks(optimise(model.mod), cuda)
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path_factory.mktemp("demo-cuda")))
+    _commit_untuned(db, tasks, {t.name: 1.0 for t in tasks}, cuda)
+    space = KnobSpace(tasks[0].mod, cuda, seed=0)
+    sch = next(s for s, _, _ in space.decode_many(space.random(300, np.random.default_rng(0))) if s is not None)
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(tasks[0].mod), run_secs=[1e-6],
+                                                     target=cuda, args_info=ms.arg_info.ArgInfo.from_prim_func(
+                                                         tasks[0].mod["main"])))
+    return model, tasks, db
+
+
+def test_models_compile_for_cuda_every_kernel_bound_to_threads(demo_cuda_db, cuda):
+    """Without a GPU: the model path builds CUDA code; kernels with no record get TVM's default GPU
+    schedule (the untuned records replay it too), the tuned record is applied as it was found."""
+    from adaptune._tvm import tvm
+    from adaptune.model import compile as C
+    model, tasks, db = demo_cuda_db
+    mod = C.lower_tuned(model, db, cuda)
+    kernels = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert len(kernels) >= len(tasks)
+    for name, f in kernels.items():
+        assert "threadIdx" in f.script(), f"{name} is not bound to GPU threads"
+    assert 'scope="shared"' in kernels[tasks[0].name].script()     # the tuned record, not dlight's fallback
+    for ex in (tvm.compile(mod, target=cuda), C.build_untuned(model, cuda)):
+        assert str(C.vm_device(ex)) == str(tvm.cuda(0))
+    assert str(C.vm_device(C.build_untuned(model, parse_target("llvm")))) == str(tvm.cpu())
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is visible here: the no-GPU refusal cannot be seen")
+@pytest.mark.parametrize("args", [["tune", "demo-cnn", "--target", "cuda", "--trials", "4"],
+                                  ["compile", "demo-cnn", "--target", "cuda", "--db", "wd", "-o", "m.so"]])
+def test_model_commands_without_a_gpu_say_so_in_one_line_exit_2(tmp_path, args):
+    out = subprocess.run([sys.executable, "-m", "adaptune.cli", *args], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "needs an NVIDIA GPU" in lines[0], out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_gpu
+def test_tuned_model_on_the_gpu_matches_the_reference_and_is_timed_beside_pytorch(tmp_path, cuda):
+    from adaptune.model import compile as C
+    from adaptune.model.evaluate import evaluate
+    from adaptune.model.frontends import load_model
+    from adaptune.scheduler import tune_model
+    model = load_model("demo-cnn")
+    res = tune_model(model, cuda, trials=16, work_dir=tmp_path / "wd")
+    assert res.trials == 16 and all(t.baseline is not None for t in res.tasks)   # default GPU schedules ran
+    ev = evaluate(model, cuda, C.open_database(tmp_path / "wd"), rounds=2)
+    rows = {r.runtime: r for r in ev.rows}
+    print("\n".join(f"demo-cnn on {tvm_device_name()}: {r.runtime} {r.latency_ms:.3f} ms, max error {r.max_error:.1e}"
+                    for r in ev.rows), ev.skipped)
+    assert {"tvm-untuned", "adaptune-generated", "adaptune", "pytorch-eager"} <= set(rows)
+    assert all(r.max_error <= 1e-3 for r in ev.rows) and "onnxruntime" in ev.skipped
+
+
+def test_library_calls_compile_into_a_cuda_model(demo_cuda_db, cuda):
+    """Without a GPU: every chain offloaded to the library, the glue left around the calls gets the
+    default GPU schedule and the module builds for CUDA."""
+    from adaptune._tvm import tvm
+    from adaptune.model import compile as C
+    from adaptune.model.graph import optimise
+    from adaptune.model.library import find_ops
+    model, _, db = demo_cuda_db
+    ops = {op: "onednn" for op in find_ops(optimise(model.mod))}
+    assert any(op.kind == "conv2d" for op in ops) and any(op.kind == "linear" for op in ops)
+    mod = C.lower_tuned(model, db, cuda, ops)
+    assert "adaptune.onednn.conv2d" in mod.script()
+    for gv, f in mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc):
+            assert "threadIdx" in f.script(), f"{gv.name_hint} is not bound to GPU threads"
+    tvm.compile(mod, target=cuda)
+
+
+@pytest.mark.parametrize("post", ["none", "relu", "hardtanh:0:6", "gelu", "gelu_tanh", "sigmoid", "tanh", "swish"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_gpu_forms_of_the_library_calls_compute_what_onednn_computes(post, residual):
+    """The cuDNN/cuBLAS forms (``calls._cuda_conv`` / ``_cuda_linear``: PyTorch's generic ops, which
+    run on CUDA tensors there) checked here on CPU tensors against the oneDNN calls."""
+    import torch
+
+    from adaptune._tvm import tvm
+    from adaptune.measure.verify import relative_error
+    from adaptune.model.library import calls
+    if residual and post not in ("none", "relu"):
+        pytest.skip("a residual chain takes ReLU or nothing after the add (as oneDNN's binary form)")
+    rng = np.random.default_rng(0)
+    t = lambda *s: tvm.runtime.tensor(rng.standard_normal(s).astype("float32"))      # noqa: E731
+    x, w, b, other = t(1, 9, 9, 8), t(16, 4, 3, 3), t(16), t(1, 5, 5, 16)     # groups 2, stride 2, pad 1
+    attrs = ((1, 1), (2, 2), (1, 1), 2)
+    key = zlib.crc32(f"{post}{residual}".encode())       # the calls cache their arguments per key
+    if residual:
+        want = calls.onednn_conv2d_add(x, other, w, b, *attrs, post, key).numpy()
+        got = calls._cuda_conv(calls._nchw(x), w, b, *attrs, post, key, other).numpy()
+    else:
+        want = calls.onednn_conv2d(x, w, b, *attrs, post, key).numpy()
+        got = calls._cuda_conv(calls._nchw(x), w, b, *attrs, post, key).numpy()
+    assert got.shape == want.shape == (1, 5, 5, 16) and relative_error(got, want) < 1e-5
+    xl, wl, bl, ol = t(3, 7, 24), t(10, 24), t(10), t(3, 7, 10)
+    if residual:
+        if post != "none":
+            return
+        want = calls.onednn_linear_add(xl, ol, wl, bl, key).numpy()
+        got = calls._cuda_linear(torch.from_dlpack(xl), wl, bl, "none", key, ol).numpy()
+    else:
+        want = calls.onednn_linear(xl, wl, bl, post, key).numpy()
+        got = calls._cuda_linear(torch.from_dlpack(xl), wl, bl, post, key).numpy()
+    assert got.shape == want.shape == (3, 7, 10) and relative_error(got, want) < 1e-5

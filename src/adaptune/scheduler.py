@@ -30,7 +30,7 @@ from typing import Callable
 from ._tvm import ms
 from .measure.workdir import WorkDir, WorkDirError
 from .model.frontends import Model
-from .model.graph import extract_tasks, optimise, pass_report
+from .model.graph import extract_tasks, gpu_default_schedule, optimise, pass_report
 from .measure.run import Measurer
 from .measure.target import parse_target
 from .tuner import TaskTuner
@@ -101,23 +101,26 @@ def next_task(tasks: list[TaskSummary]) -> int | None:
 
 def _commit_untuned(db, tasks, baselines, target) -> None:
     """Record each untuned kernel as a candidate: a tiny op that only gets slower when
-    parallelised keeps TVM's plain code, because compilation applies the fastest record.
-
-    The trace holds one no-op instruction (a block lookup): TVM's ``JSONDatabase.get_top_k`` skips
-    records whose trace is empty, so an empty one would never be applied."""
+    parallelised keeps TVM's plain code, because compilation applies the fastest record."""
     for t in tasks:
         if baselines[t.name] is not None:
             db.commit_tuning_record(ms.database.TuningRecord(
-                untuned_trace(t.mod), db.commit_workload(t.mod), run_secs=[baselines[t.name]],
+                untuned_schedule(t.mod, target).trace, db.commit_workload(t.mod), run_secs=[baselines[t.name]],
                 target=target, args_info=ms.arg_info.ArgInfo.from_prim_func(t.mod["main"])))
 
 
-def untuned_trace(mod):
-    """A trace that leaves ``mod`` as it is but that the database returns (see ``_commit_untuned``)."""
+def untuned_schedule(mod, target):
+    """The untuned kernel as a schedule whose trace the database can hold and return.
+
+    On a CPU: ``mod`` as it is, its trace one no-op instruction (a block lookup; TVM's
+    ``JSONDatabase.get_top_k`` skips records whose trace is empty).  On a GPU, where loops bound to
+    no thread do not build: TVM's default GPU schedule (``graph.gpu_default_schedule``'s rules)."""
     from tvm import s_tir
+    if target.kind.name == "cuda":
+        return gpu_default_schedule(mod, target, as_schedule=True)
     sch = s_tir.Schedule(mod)
     sch.get_child_blocks(sch.get_sblock("root"))
-    return sch.trace
+    return sch
 
 
 def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = "chameleon", work_dir,
@@ -157,7 +160,7 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
         floors = {t["name"]: t["library"] for t in old["tasks"] if t.get("library") is not None}
     else:
         stage(f"measuring the {len(tasks)} untuned kernels")
-        res = measurer.measure([t.mod for t in tasks])
+        res = measurer.measure([untuned_schedule(t.mod, target).mod for t in tasks])
         baselines = {t.name: r.latency for t, r in zip(tasks, res)}
         floors = None
     library_times: dict = {}

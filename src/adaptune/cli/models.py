@@ -60,13 +60,13 @@ def _load(args):
         target = parse_target(args.target)
     except TargetError as e:
         raise UsageError(str(e)) from None
-    if target.kind.name != "llvm":
-        try:
-            check_runnable(target)      # no GPU: say that first, it is the more useful line
-        except TargetError as e:
-            raise UsageError(str(e)) from None
-        raise UsageError(f"models are measured and run on this machine's CPU; target kind {target.kind.name!r} "
-                         "is not supported here")
+    if target.kind.name not in ("llvm", "cuda"):
+        raise UsageError(f"models run on a CPU (llvm) or an NVIDIA GPU (cuda); target kind {target.kind.name!r} "
+                         "is not supported")
+    try:
+        check_runnable(target)          # cuda without a visible GPU: one line, exit 2
+    except TargetError as e:
+        raise UsageError(str(e)) from None
     shape = _shape(args.input_shape)
     inputs = [_input(t) for t in args.input or ()]
     try:
@@ -87,19 +87,20 @@ def _ms(sec) -> str:
     return "-" if sec is None else f"{sec * 1e3:.3f} ms"
 
 
-def _choice_table(best) -> None:
+def _choice_table(best, gpu: bool = False) -> None:
     """The per-chain choice (the library's fused call or our kernel) and the whole-model builds behind it."""
     from rich.console import Console
     from rich.table import Table
     console = Console()
     if best.choices:
-        table = Table(title="per chain: the library's fused call (oneDNN; PyTorch for batched matmuls, softmax and "
-                            "layer norm), Winograd (our transforms + oneDNN GEMM) or our tuned kernel "
+        vendors = "cuDNN / cuBLAS" if gpu else "oneDNN"
+        table = Table(title=f"per chain: the library's fused call ({vendors}; PyTorch for batched matmuls, softmax "
+                            "and layer norm), Winograd (our transforms + oneDNN GEMM) or our tuned kernel "
                             "(--no-library: ours everywhere)")
         for col in ("chain", "calls", "library", "Winograd", "tuned (fused)", "fastest"):
             table.add_column(col, justify="left" if col in ("chain", "fastest") else "right")
         for c in best.choices:
-            fastest = {"onednn": c.op.vendor, "winograd": "Winograd"}.get(c.impl, c.impl)
+            fastest = {"onednn": c.op.vendor(gpu), "winograd": "Winograd"}.get(c.impl, c.impl)
             table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.winograd_s), _ms(c.generated_s), fastest)
         console.print(table)
     console.print("whole model: " + ", ".join(f"{b.name} {_ms(b.seconds)}" for b in best.builds) +
@@ -118,7 +119,7 @@ def _build_best(args, model, target, db):
     from ..model.compile import build_best
     with _spinner("building and timing the tuned model (all generated, all library, per-chain choice, serial glue)"):
         best = build_best(model, db, target, library=not args.no_library)
-    _choice_table(best)
+    _choice_table(best, target.kind.name == "cuda")
     return best
 
 
@@ -219,7 +220,7 @@ def _tune(args, model, target, measurer, work_dir: Path) -> int:
         return fail(f"tuned model fails the numerical check: {e}", 1)
     phases.start(None)
     best = ev.best
-    _choice_table(best)
+    _choice_table(best, target.kind.name == "cuda")
     gen = next(b for b in best.builds if b.name == "generated")
     t0 = ev.row("tvm-untuned").latency_ms / 1e3
     WorkDir(work_dir).update_model(
@@ -255,7 +256,7 @@ def cmd_compile(args) -> int:
     C.export(best.best.executable, out)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); numerics PASS (max error {best.best.error:.1e}); "
           f"{_library_summary(best.best.library)}. Load with "
-          "tvm.relax.VirtualMachine(adaptune.model.compile.load(path), tvm.cpu())")
+          f"tvm.relax.VirtualMachine(adaptune.model.compile.load(path), {'tvm.cuda()' if target.kind.name == 'cuda' else 'tvm.cpu()'})")
     return 0
 
 
@@ -282,7 +283,7 @@ def cmd_bench(args) -> int:
     except NumericsError as e:
         return fail(f"numerical check failed: {e}", 1)
     if ev.best is not None:
-        _choice_table(ev.best)
+        _choice_table(ev.best, target.kind.name == "cuda")
         if args.db:     # the per-chain choice, for ``report``
             WorkDir(args.db).update_model(library=[c.as_dict() for c in ev.best.choices])
     base = ev.row("pytorch-eager") or ev.rows[0]

@@ -7,6 +7,8 @@ a batch.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import statistics
 import time
@@ -15,7 +17,8 @@ from typing import Callable, Sequence
 
 from .._tvm import ms, tvm
 from .build import build_export
-from tvm.support.popen_pool import PopenPoolExecutor, StatusKind  # noqa: E402 - after _tvm's import setup
+from tvm.ir.utils import derived_object  # noqa: E402 - after _tvm's import setup
+from tvm.support.popen_pool import PopenPoolExecutor, StatusKind  # noqa: E402
 from .target import device_type
 from .verify import arg_shapes, signature
 
@@ -150,18 +153,71 @@ class WarmBuilder:
             self._pool = None
 
 
+class DeviceLock:
+    """An exclusive ``fcntl.flock`` on ``path``, held inside ``with``; other processes (or other
+    ``DeviceLock``s on the same path) wait for it.  The file is opened once, here."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def __enter__(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@derived_object
+class _DoneFuture(ms.runner.PyRunnerFuture):
+    """A runner future whose result is already known."""
+
+    def __init__(self, result: "ms.runner.RunnerResult"):
+        super().__init__()
+        self._result = result
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> "ms.runner.RunnerResult":
+        return self._result
+
+
+@derived_object
+class LockedRunner(ms.runner.PyRunner):
+    """A MetaSchedule runner that holds ``lock`` while ``inner`` runs a batch, until its last result is in."""
+
+    def __init__(self, inner: "ms.runner.Runner", lock: DeviceLock):
+        super().__init__()
+        self.inner, self.lock = inner, lock
+
+    def run(self, runner_inputs) -> list:
+        with self.lock:
+            results = [f.result() for f in self.inner.run(runner_inputs)]
+        return [_DoneFuture(r) for r in results]
+
+
 class Measurer:
     """Builds in parallel warm workers (``WarmBuilder``), runs one candidate at a time.
 
     ``timeout`` bounds each build and each run; the runner reports the median of ``repeat``
     timings, each the mean of at least ``number`` runs and ``min_repeat_ms`` milliseconds.
-    With ``rpc`` the kernels run on a device behind TVM's RPC tracker instead of locally."""
+    With ``rpc`` the kernels run on a device behind TVM's RPC tracker instead of locally.
+    Several tuning processes sharing one local device set ``device_lock`` (default: the
+    ``ADAPTUNE_DEVICE_LOCK`` environment variable) to the same file path, and each candidate's run then
+    holds an exclusive ``fcntl.flock`` on that file, so runs never overlap while builds and searches do."""
 
     def __init__(self, target, *, timeout: float = 30.0, number: int = 2, repeat: int = 3,
-                 min_repeat_ms: int = 20, build_workers: int | None = None, rpc: RPCDevice | None = None):
+                 min_repeat_ms: int = 20, build_workers: int | None = None, rpc: RPCDevice | None = None,
+                 device_lock: str | None = None):
         self.target = target
         self.timeout = timeout
         self.rpc = rpc
+        device_lock = device_lock or os.environ.get("ADAPTUNE_DEVICE_LOCK")
+        self.device_lock = DeviceLock(device_lock) if device_lock and rpc is None else None
         # local runs load a shared library linked by the builders (see build_export)
         self.builder = WarmBuilder(max_workers=build_workers, timeout=timeout, linked=rpc is None)
         evaluator = ms.runner.EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
@@ -175,11 +231,20 @@ class Measurer:
                                                session_timeout_sec=rpc.session_timeout),
                 evaluator_config=evaluator, max_workers=1)
 
+    @property
+    def ms_runner(self) -> "ms.runner.Runner":
+        """The runner to give MetaSchedule's own tuning: ``self.runner``, holding the device lock
+        around each batch's runs if there is one."""
+        return self.runner if self.device_lock is None else LockedRunner(self.runner, self.device_lock)
+
     def close(self) -> None:
         """Stop the build and run workers (they also exit with this process)."""
         self.builder.close()
         if self.rpc is None and not self.runner.pool._shutdown:
             self.runner.pool.shutdown()
+        if self.device_lock is not None:
+            self.device_lock.close()
+            self.device_lock = None
 
     def measure(self, mods: Sequence["tvm.IRModule"],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
@@ -214,7 +279,8 @@ class Measurer:
                 # TVM's RPC runner waits forever for a server that is gone: stop with RPCError instead
                 self.rpc.check()
             try:
-                r = self.runner.run([runner_input])[0].result()
+                with self.device_lock or contextlib.nullcontext():
+                    r = self.runner.run([runner_input])[0].result()
                 if r.error_msg is not None:
                     res = MeasureResult(_classify(r.error_msg), message=_short(r.error_msg))
                 else:

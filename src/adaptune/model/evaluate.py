@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import compile as C
-from .timing import UNTUNED_CAP_S, time_callable
+from .timing import UNTUNED_CAP_S, device_exclusive, time_callable
 from ..measure.target import parse_target
 from ..measure.verify import TOLERANCE, max_relative_error
 
@@ -51,23 +51,40 @@ class Evaluation:
         return {"model": self.model, "rows": [r.as_dict() for r in self.rows], "skipped": self.skipped}
 
 
-def _torch_runtimes(model, inputs, compile_torch: bool, skipped) -> dict:
-    """PyTorch eager and torch.compile (freezing) as (callable, error, note), checked."""
+def _torch_runtimes(model, inputs, compile_torch: bool, skipped, cuda: bool = False) -> dict:
+    """PyTorch eager and torch.compile (freezing) as (callable, error, note), checked; ``cuda``: on
+    the GPU (a copy of the module; each call waits for the GPU to finish)."""
     out = {}
     if model.torch_module is None:
         skipped["pytorch-eager"] = skipped["torch-compile"] = "not a PyTorch model"
         return out
     import torch
-    args, kwargs = model.torch_args([torch.from_numpy(a) for a in inputs])
     want = model.reference(inputs)
+    module = model.torch_module
+    if cuda:
+        if not torch.cuda.is_available():
+            skipped["pytorch-eager"] = skipped["torch-compile"] = "this PyTorch has no CUDA"
+            return out
+        import copy
+        module = copy.deepcopy(module).cuda()
+    args, kwargs = model.torch_args([torch.from_numpy(a).cuda() if cuda else torch.from_numpy(a) for a in inputs])
 
     def runner(fn):
         def run():
             with torch.no_grad():
-                return fn(*args, **kwargs)
+                got = fn(*args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize()
+            return got
         return run
-    eager = runner(model.torch_module)
-    out["pytorch-eager"] = (eager, 0.0, f"{torch.get_num_threads()} threads")
+
+    def numpy_leaves(got):
+        return [o.detach().cpu().numpy() for o in torch.utils._pytree.tree_leaves(got)]
+    eager = runner(module)
+    if cuda:
+        out["pytorch-eager"] = (eager, max_relative_error(numpy_leaves(eager()), want), torch.cuda.get_device_name())
+    else:
+        out["pytorch-eager"] = (eager, 0.0, f"{torch.get_num_threads()} threads")
     if not compile_torch:
         skipped["torch-compile"] = "not asked for"
         return out
@@ -76,10 +93,9 @@ def _torch_runtimes(model, inputs, compile_torch: bool, skipped) -> dict:
         inductor.freezing = True
         torch._dynamo.reset()
         t = time.perf_counter()
-        compiled = runner(torch.compile(model.torch_module))
-        got = compiled()
+        compiled = runner(torch.compile(module))
+        got = numpy_leaves(compiled())
         seconds = time.perf_counter() - t
-        got = [o.detach().numpy() for o in torch.utils._pytree.tree_leaves(got)]
         out["torch-compile"] = (compiled, max_relative_error(got, want), f"compile {seconds:.0f} s")
     except Exception as e:                  # noqa: BLE001 - Inductor can fail on a model for many reasons
         skipped["torch-compile"] = f"torch.compile failed: {' '.join(str(e).split())[:160]}"
@@ -103,12 +119,18 @@ def _onnxruntime(model, inputs, skipped) -> dict:
 
 
 def _vm_runner(executable, inputs):
+    """One inference of the compiled model per call, waiting for the device to finish."""
     import tvm
     from tvm import relax
-    dev = tvm.cpu()
+    dev = C.vm_device(executable)
     vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
-    return lambda: vm["main"](*args)
+
+    def run():
+        out = vm["main"](*args)
+        dev.sync()
+        return out
+    return run
 
 
 def evaluate(model, target=None, database=None, *, library: bool = True, anchors: bool = True,
@@ -140,12 +162,25 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
         skipped["adaptune-generated"] = skipped["adaptune"] = "no tuning database (--db)"
     if anchors:
         stage("preparing PyTorch eager, torch.compile and ONNX Runtime")
-        contenders.update(_torch_runtimes(model, inputs, compile_torch, skipped))
-        contenders.update(_onnxruntime(model, inputs, skipped))
+        cuda = target.kind.name == "cuda"
+        contenders.update(_torch_runtimes(model, inputs, compile_torch, skipped, cuda))
+        if cuda:
+            skipped["onnxruntime"] = "ONNX Runtime runs on the CPU here; the target is the GPU"
+        else:
+            contenders.update(_onnxruntime(model, inputs, skipped))
     for name, (_, err, _) in contenders.items():
         if err > TOLERANCE:
             raise C.NumericsError(f"{name} output differs from the reference (max error {err:.1e})")
     samples: dict[str, list[float]] = {n: [] for n in contenders}
+    with device_exclusive():
+        _time_alternately(contenders, samples, rounds, stage)
+    rows = [Row(n, float(np.median(samples[n])) * 1e3, float(min(samples[n])) * 1e3, err, note)
+            for n, (_, err, note) in sorted(contenders.items(), key=lambda kv: RUNTIMES.index(kv[0]))]
+    return Evaluation(model.name, rows, skipped, best)
+
+
+def _time_alternately(contenders, samples, rounds, stage) -> None:
+    """Each contender once per round, ``rounds`` times; the untuned model once if it is slow."""
     for r in range(rounds):
         stage(f"timing, round {r + 1} of {rounds}")
         for name, (fn, _, _) in contenders.items():
@@ -153,9 +188,6 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
                 continue                    # a slow untuned model is timed once (it is the baseline only)
             cap = UNTUNED_CAP_S if name == "tvm-untuned" else None
             samples[name].append(time_callable(fn, repeat=5 if r else 3, cap_s=cap))
-    rows = [Row(n, float(np.median(samples[n])) * 1e3, float(min(samples[n])) * 1e3, err, note)
-            for n, (_, err, note) in sorted(contenders.items(), key=lambda kv: RUNTIMES.index(kv[0]))]
-    return Evaluation(model.name, rows, skipped, best)
 
 
 def thread_settings() -> dict:

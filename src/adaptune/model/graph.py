@@ -262,6 +262,28 @@ def apply_database(fused, database, target) -> "tvm.IRModule":
         ])(fused)
 
 
+GPU_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
+
+
+def gpu_default_schedule(mod, target, as_schedule: bool = False):
+    """On a GPU every kernel needs its loops bound to threads: the kernels no record scheduled get
+    TVM's default GPU schedules (dlight: matmul, GEMV, reductions, else one thread per element).
+    A CPU module is returned as it is (TVM lowers unscheduled loops serially there).
+    ``as_schedule``: ``mod`` is one kernel ("main"); return its ``s_tir.Schedule`` (with the trace)."""
+    from tvm.s_tir import dlight as dl
+    rules = [getattr(dl.gpu, r)() for r in GPU_RULES]
+    if as_schedule:
+        for rule in rules:
+            sch = rule.apply(mod["main"], target, False)
+            if sch is not None:
+                return sch[0] if isinstance(sch, list) else sch
+        raise ValueError("no default GPU schedule applies to this kernel")
+    if target.kind.name != "cuda":
+        return mod
+    with target:
+        return dl.ApplyDefaultSchedule(*rules)(mod)
+
+
 def extract_tasks(optimised, target) -> tuple[list[Task], dict]:
     """Tasks of an optimised module (heaviest first) and a summary of what the passes did."""
     from tvm.s_tir.analysis import estimate_tir_flops

@@ -2,6 +2,8 @@
 warm-up), and profiling a model per VM call."""
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 import numpy as np
@@ -11,14 +13,42 @@ from tvm import relax
 UNTUNED_CAP_S = 5.0     # the untuned baseline is timed once where its repeats would take longer
 
 
+@contextlib.contextmanager
+def device_exclusive():
+    """Hold the device lock of ``ADAPTUNE_DEVICE_LOCK`` (see ``measure.run.Measurer``), where one is
+    set, while a model is timed: tuning processes sharing the device then measure nothing meanwhile."""
+    path = os.environ.get("ADAPTUNE_DEVICE_LOCK")
+    if not path:
+        yield
+        return
+    from ..measure.run import DeviceLock
+    lock = DeviceLock(path)
+    try:
+        with lock:
+            yield
+    finally:
+        lock.close()
+
+
+def vm_device(executable) -> "tvm.runtime.Device":
+    """Where a compiled model runs: the GPU when it holds CUDA kernels, else the CPU."""
+    def kinds(m):
+        yield m.kind
+        for sub in m.imports:
+            yield from kinds(sub)
+    mod = executable.mod if hasattr(executable, "mod") else executable
+    return tvm.cuda(0) if "cuda" in set(kinds(mod)) else tvm.cpu()
+
+
 def time_vm(executable, inputs, *, repeat: int = 10, min_repeat_ms: int = 200, cap_s: float | None = None) -> float:
     """Median seconds per inference (TVM's time_evaluator, after a warm-up).  ``cap_s``: when the
     repeats would take longer, the timed warm-up run is the answer (an untuned BERT takes ~25 s)."""
-    dev = tvm.cpu()
+    dev = vm_device(executable)
     vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     t = time.perf_counter()
     vm["main"](*args)
+    dev.sync()
     one = time.perf_counter() - t
     if cap_s is not None and one * repeat > cap_s:
         return one
@@ -61,7 +91,7 @@ def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
 
     Returns rows ``{"call", "group", "calls", "ms"}`` sorted by time; a call's time includes the VM's
     hand-over to it, which is what the model pays."""
-    dev = tvm.cpu()
+    dev = vm_device(executable)
     vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     samples: dict[str, list[float]] = {}

@@ -2,7 +2,11 @@
 and dense calls (``torch.ops.mkldnn``, weights reordered once per call site), PyTorch's batched
 matmul, softmax and layer norm.  Registered when this module is imported (``compile.load`` imports
 it, so an exported library that calls them loads and runs in a fresh process).  NHWC tensors are
-what oneDNN calls channels-last NCHW, so activations pass through DLPack with no copy."""
+what oneDNN calls channels-last NCHW, so activations pass through DLPack with no copy.
+
+On a GPU (tensors that live on CUDA) the same calls run PyTorch's CUDA ops: cuDNN's convolution
+(channels-last weights, so it picks its NHWC kernels) and cuBLAS's GEMM, the epilogue as PyTorch's
+in-place elementwise ops; both sides launch on CUDA's default stream, so no synchronisation."""
 from __future__ import annotations
 
 import functools
@@ -57,10 +61,54 @@ def _conv_call(key, tx, w, b, padding, stride, dilation, groups, post):
     return call
 
 
+def _torch_post(y, name: str, scalars, algorithm: str):
+    """A post-op of ``_post`` as PyTorch's elementwise op on ``y`` (in place where there is one)."""
+    if name == "none":
+        return y
+    if name == "hardtanh":
+        return y.clamp_(*scalars)
+    if name == "gelu":
+        return torch.nn.functional.gelu(y, approximate=algorithm)
+    if name == "swish":
+        return torch.nn.functional.silu(y, inplace=True)
+    if name in ("relu", "sigmoid", "tanh"):
+        return getattr(y, name + "_")()
+    raise ValueError(f"no PyTorch form of the post-op {name!r}")
+
+
+def _cuda_conv(tx, w, b, padding, stride, dilation, groups, post, key, other=None):
+    """The conv calls on a GPU: cuDNN's convolution with bias, then the residual add and the post-op."""
+    call = _CALLS.get(("cuda-conv", key))
+    if call is None:
+        weight = torch.from_dlpack(w).to(tx.device, copy=True).contiguous(memory_format=torch.channels_last)
+        args = [list(stride), list(padding), list(dilation), int(groups)]
+        call = _CALLS["cuda-conv", key] = (weight, torch.from_dlpack(b).to(tx.device, copy=True), args, *_post(post))
+    weight, bias, args, name, scalars, algorithm = call
+    y = torch.nn.functional.conv2d(tx, weight, bias, *args)
+    if other is not None:
+        y = y.add_(_nchw(other))
+    return _to_tvm_nhwc(_torch_post(y, name, scalars, algorithm))
+
+
+def _cuda_linear(tx, w, b, post, key, other=None):
+    """The dense calls on a GPU: cuBLAS's GEMM with bias, then the residual add and the post-op."""
+    call = _CALLS.get(("cuda-linear", key))
+    if call is None:
+        call = _CALLS["cuda-linear", key] = (torch.from_dlpack(w).to(tx.device, copy=True),
+                                             torch.from_dlpack(b).to(tx.device, copy=True), *_post(post))
+    weight, bias, name, scalars, algorithm = call
+    y = torch.nn.functional.linear(tx, weight, bias)
+    if other is not None:
+        y = y.add_(torch.from_dlpack(other))
+    return tvm.runtime.from_dlpack(_torch_post(y, name, scalars, algorithm))
+
+
 @tvm_ffi.register_global_func(CONV, override=True)
 def onednn_conv2d(x, w, b, padding, stride, dilation, groups, post, key):
     """conv2d + bias + unary post-op in one oneDNN call; x NHWC, w OIHW (pre-packed once), b (C,)."""
     tx = _nchw(x)
+    if tx.is_cuda:
+        return _cuda_conv(tx, w, b, padding, stride, dilation, groups, post, key)
     pw, tb, args, name, scalars, algorithm = _conv_call(("conv", key), tx, w, b, padding, stride, dilation,
                                                         groups, post)
     return _to_tvm_nhwc(torch.ops.mkldnn._convolution_pointwise(tx, pw, tb, *args, name, scalars, algorithm))
@@ -70,6 +118,8 @@ def onednn_conv2d(x, w, b, padding, stride, dilation, groups, post, key):
 def onednn_conv2d_add(x, other, w, b, padding, stride, dilation, groups, post, key):
     """conv2d + bias + residual add (+ReLU) in one oneDNN call (the ``.binary`` form)."""
     tx = _nchw(x)
+    if tx.is_cuda:
+        return _cuda_conv(tx, w, b, padding, stride, dilation, groups, post, key, other)
     pw, tb, args, name, scalars, _ = _conv_call(("conv", key), tx, w, b, padding, stride, dilation, groups, post)
     return _to_tvm_nhwc(torch.ops.mkldnn._convolution_pointwise.binary(
         tx, _nchw(other), pw, tb, *args, "add", None, None if name == "none" else name, scalars, None))
@@ -89,6 +139,8 @@ def _linear_call(key, tx, w, b, post):
 def onednn_linear(x, w, b, post, key):
     """x @ w.T + b with a unary post-op in one oneDNN call; w (out, in), pre-packed once."""
     tx = torch.from_dlpack(x)
+    if tx.is_cuda:
+        return _cuda_linear(tx, w, b, post, key)
     packed, tb, name, scalars, algorithm = _linear_call(key, tx, w, b, post)
     return tvm.runtime.from_dlpack(torch.ops.mkldnn._linear_pointwise(tx, packed, tb, name, scalars, algorithm))
 
@@ -97,6 +149,8 @@ def onednn_linear(x, w, b, post, key):
 def onednn_linear_add(x, other, w, b, key):
     """x @ w.T + b + other (a transformer's residual) in one oneDNN call (the ``.binary`` form)."""
     tx = torch.from_dlpack(x)
+    if tx.is_cuda:
+        return _cuda_linear(tx, w, b, "none", key, other)
     packed, tb, *_ = _linear_call(key, tx, w, b, "none")
     return tvm.runtime.from_dlpack(torch.ops.mkldnn._linear_pointwise.binary(
         tx, torch.from_dlpack(other), packed, tb, "add"))

@@ -9,6 +9,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from ...measure.target import device
+from ..timing import device_exclusive
 from .lowering import chain_modules, offload
 from .op import LibraryOp
 from .patterns import find_ops
@@ -74,11 +76,13 @@ def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None
     from .. import winograd
     times = {} if times is None else times
     if (op, impl) not in times:
-        if impl == "winograd" and not winograd.supports(op):
+        if impl == "winograd" and (target.kind.name != "llvm" or not winograd.supports(op)):
             times[op, impl] = None
             return None
         try:
-            times[op, impl] = op.time(repeat=5) if impl == "onednn" else _time_winograd(op, chain_mod, target)
+            with device_exclusive():
+                times[op, impl] = op.time(repeat=5, dev=device(target)) if impl == "onednn" else \
+                    _time_winograd(op, chain_mod, target)
         except Exception as e:                              # noqa: BLE001 - any failure of a library path
             name, rest = ("oneDNN", "the generated kernel") if impl == "onednn" else \
                 ("Winograd", "oneDNN or the generated kernel")

@@ -45,11 +45,12 @@ class LibraryOp:
             return f"layer_norm {'x'.join(map(str, self.data))}"
         return f"linear {'x'.join(map(str, self.data))} -> {self.weight[0]}{tail}"
 
-    @property
-    def vendor(self) -> str:
+    def vendor(self, gpu: bool = False) -> str:
         """Whose kernel the library call runs: oneDNN's fused conv/dense calls, PyTorch's own ops
-        for the rest (its batched matmul picks oneDNN or MKL itself)."""
-        return "oneDNN" if self.kind in ("conv2d", "linear") else "PyTorch"
+        for the rest (its batched matmul picks oneDNN or MKL itself); on a GPU cuDNN and cuBLAS."""
+        if self.kind in ("conv2d", "linear"):
+            return ("cuDNN" if self.kind == "conv2d" else "cuBLAS") if gpu else "oneDNN"
+        return "PyTorch"
 
     @property
     def flops(self) -> float:
@@ -61,28 +62,32 @@ class LibraryOp:
             return 2.0 * np.prod(self.out) * np.prod(self.weight[1:])
         return 2.0 * np.prod(self.out) * (self.weight[-2] if self.kind == "bmm" else self.weight[1])   # k; in
 
-    def time(self, *, repeat: int = 5) -> float:
-        """Seconds per call of the fused library kernel, through the DLPack path the model uses."""
+    def time(self, *, repeat: int = 5, dev=None) -> float:
+        """Seconds per call of the fused library kernel, through the DLPack path the model uses,
+        on ``dev`` (default the CPU; on a GPU each timed call waits for the device)."""
+        dev = dev or tvm.cpu()
         rng = np.random.default_rng(0)
+
+        def timed(call):
+            return time_callable(lambda: (call(), dev.sync()), repeat=repeat, min_repeat_ms=100)
+
+        def tensors(*shapes):
+            arrays = [rng.standard_normal(s).astype("float32") for s in shapes]
+            return arrays, [tvm.runtime.tensor(a, dev) for a in arrays]
         if self.kind == "softmax":
-            x, mask = (tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in (self.data, self.weight))
-            return time_callable(lambda: torch_softmax(x, self.attrs[0], mask if self.residual else None),
-                                 repeat=repeat, min_repeat_ms=100)
+            _, (x, mask) = tensors(self.data, self.weight)
+            return timed(lambda: torch_softmax(x, self.attrs[0], mask if self.residual else None))
         if self.kind == "layer_norm":
-            x, g, b = (tvm.runtime.tensor(rng.standard_normal(s).astype("float32"))
-                       for s in (self.data, self.weight, self.weight))
-            return time_callable(lambda: torch_layer_norm(x, g, b, self.attrs[0]), repeat=repeat, min_repeat_ms=100)
-        arrays = [rng.standard_normal(s).astype("float32") for s in (self.data, self.weight, (self.weight[0],), self.out)]
-        x, w, b, other = (tvm.runtime.tensor(a) for a in arrays)
+            _, (x, g, b) = tensors(self.data, self.weight, self.weight)
+            return timed(lambda: torch_layer_norm(x, g, b, self.attrs[0]))
+        arrays, (x, w, b, other) = tensors(self.data, self.weight, (self.weight[0],), self.out)
         if self.kind == "bmm":
-            return time_callable(lambda: torch_bmm(x, w), repeat=repeat, min_repeat_ms=100)
+            return timed(lambda: torch_bmm(x, w))
         key = digest(self, arrays[1], arrays[2])
         if self.kind == "linear" and self.residual:
-            return time_callable(lambda: onednn_linear_add(x, other, w, b, key), repeat=repeat, min_repeat_ms=100)
+            return timed(lambda: onednn_linear_add(x, other, w, b, key))
         if self.kind == "linear":
-            return time_callable(lambda: onednn_linear(x, w, b, self.post, key), repeat=repeat, min_repeat_ms=100)
+            return timed(lambda: onednn_linear(x, w, b, self.post, key))
         if self.residual:
-            return time_callable(lambda: onednn_conv2d_add(x, other, w, b, *self.attrs, self.post, key),
-                                 repeat=repeat, min_repeat_ms=100)
-        return time_callable(lambda: onednn_conv2d(x, w, b, *self.attrs, self.post, key), repeat=repeat,
-                             min_repeat_ms=100)
+            return timed(lambda: onednn_conv2d_add(x, other, w, b, *self.attrs, self.post, key))
+        return timed(lambda: onednn_conv2d(x, w, b, *self.attrs, self.post, key))
