@@ -58,12 +58,12 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout=30.0) -> Run:
+def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout=30.0, build_workers=None) -> Run:
     wd = out / f"{wl.label}-{strategy}"
     shutil.rmtree(wd, ignore_errors=True)
     strat = make_strategy(strategy)
     res = tune_tir(wl.mod(), target, strategy=strat, trials=trials, batch_size=batch, work_dir=wd, seed=seed,
-                   measurer=Measurer(target, timeout=timeout), label=wl.label)
+                   measurer=Measurer(target, timeout=timeout, build_workers=build_workers), label=wl.label)
     ok, _ = check_numerics(wl, res.best_schedule, target)
     iters = 1 + len(getattr(strat, "log", [])) if hasattr(strat, "log") else -(-res.trials // batch)
     steps = [e["steps"] for e in getattr(strat, "log", [])] or list(getattr(strat, "steps_taken", []))
@@ -71,7 +71,7 @@ def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout
                res.setup_time)
 
 
-def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30.0) -> Run:
+def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30.0, build_workers=None) -> Run:
     """TVM MetaSchedule's default search (evolutionary + XGBoost), with our build function and runner
     and the design spaces our knob spaces are made of (``space_generator``: its default ones, except
     that a float32 CUDA workload skips the inapplicable tensor-core rules); it keeps its own
@@ -82,7 +82,8 @@ def run_ms_evolutionary(wl, target, trials, batch, out: Path, seed=0, timeout=30
     m = Measurer(target, timeout=timeout)
     t0 = time.perf_counter()
     db = ms.tune_tir(wl.mod(), target, work_dir=str(wd), max_trials_global=trials, num_trials_per_iter=batch,
-                     builder=ms.builder.LocalBuilder(f_build=fast_build, timeout_sec=timeout),
+                     builder=ms.builder.LocalBuilder(f_build=fast_build, timeout_sec=timeout,
+                                                     max_workers=build_workers),
                      runner=m.ms_runner, strategy="evolutionary", cost_model="xgb", seed=seed,
                      space=space_generator(wl.mod(), target))
     wall = time.perf_counter() - t0

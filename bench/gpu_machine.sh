@@ -12,15 +12,20 @@
 #   run 1:  carry [".gpu/w1", ".gpu/code"]  command: bash .gpu/code/bench/gpu_machine.sh stage1
 #   run 2:  at once, carry [".gpu/w2", ".gpu/code"]
 #           command: bash .gpu/code/bench/gpu_machine.sh stage2 [STEP ...]
+#   run 3+: at once (within ~30 s: the install lives in /tmp), carry [".gpu/code"]
+#           command: bash .gpu/code/bench/gpu_machine.sh run STEP ...
 #
 # stage2 installs the wheels into /tmp/site, prints the GPU and checks that TVM compiles CUDA there,
-# then runs the STEPs side by side (default: tests paper e2e; the whole check, about 8 minutes
-# on an H100 machine), every kernel run holding one lock file (ADAPTUNE_DEVICE_LOCK), so builds and
-# searches overlap and GPU timings never do: `tests` = tests/test_cuda.py (its GPU tests run there
-# instead of skipping), `tune-op` = `adaptune tune-op L8 --target cuda --trials 16`, `paper` =
-# `bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128 --jobs 4` (rl+as against
-# MetaSchedule), `e2e` = `bench/e2e.py --target cuda --models resnet18 --trials E2E_TRIALS` (256);
-# each step's log, the paper's plots and e2e.json go to $OUT.  STEP_TIMEOUT (s, default 520) bounds each.
+# then runs the STEPs (default: paper); `run` runs STEPs on that install.  STEPs run one after the
+# other (PARALLEL=1: side by side); every kernel run and model timing holds one lock file
+# (ADAPTUNE_DEVICE_LOCK), so GPU timings never overlap while builds and searches do:
+#   tests   tests/test_cuda.py (its GPU tests run there instead of skipping)
+#   tune-op adaptune tune-op L8 --target cuda --trials 16
+#   paper   bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128 --strategies rl+as --jobs 8
+#   e2e     bench/e2e.py --target cuda --models resnet18 --trials E2E_TRIALS (default 160)
+# Each step's log, the paper's plots and e2e.json go to $OUT; STEP_TIMEOUT (s, default 540) bounds each.
+# The issue's check within one session's 15 device minutes: run 1, `stage2 paper`, then `run e2e`
+# (docs/cuda.md has what the 2026-11-27 session learnt running all three steps side by side).
 set -euo pipefail
 
 TVM=apache-tvm==0.27.0.post1
@@ -56,24 +61,28 @@ stage1)   # there, call 1: keep part 1 and the small wheels outside the repo
     python3 --version
     ls -la "$STASH"
     ;;
-stage2)   # there, call 2 (within ~30 s of call 1)
+stage2|run)   # there: stage2 = call 2 (within ~30 s of call 1); run = any later call while warm
+    mode=$1
     shift
-    steps=${*:-tests paper e2e}
+    steps=${*:-paper}
     out=${OUT:-/tmp}
-    cp .gpu/w2/* "$STASH/"
-    name=$(cat "$STASH/tvm.name")
-    cat "$STASH"/tvm.part0* >"$STASH/$name"
-    (cd "$STASH" && sha256sum -c tvm.sha256)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$STASH"/*.whl
+    if [[ $mode = stage2 ]]; then
+        cp .gpu/w2/* "$STASH/"
+        name=$(cat "$STASH/tvm.name")
+        cat "$STASH"/tvm.part0* >"$STASH/$name"
+        (cd "$STASH" && sha256sum -c tvm.sha256)
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "$STASH"/*.whl
+    fi
     export PYTHONPATH=/tmp/site:$PWD/.gpu/code/src PYTHONUNBUFFERED=1
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import tvm; d = tvm.cuda(0); print('TVM', tvm.__version__, 'sees', d.exist, d.device_name, 'sm', d.compute_version)"
     # TVM compiles CUDA with NVRTC through cuda-bindings; fall back to nvcc if that fails there
     probe='import tvm; from tvm import te; A = te.placeholder((64,), name="A"); B = te.compute((64,), lambda i: A[i] + 1, name="B"); s = tvm.s_tir.Schedule(te.create_prim_func([A, B])); b = s.get_sblock("B"); s.bind(s.get_loops(b)[0], "threadIdx.x"); tvm.compile(s.mod, target="cuda"); print("CUDA compile OK")'
-    python3 -c "$probe" || { export TVM_CUDA_COMPILE_MODE=nvcc; echo "NVRTC failed: TVM_CUDA_COMPILE_MODE=nvcc"; python3 -c "$probe"; }
+    [[ $mode = run ]] || python3 -c "$probe" || { export TVM_CUDA_COMPILE_MODE=nvcc; echo "NVRTC failed: TVM_CUDA_COMPILE_MODE=nvcc"; python3 -c "$probe"; }
     cd .gpu/code
     export ADAPTUNE_DEVICE_LOCK=/tmp/adaptune-device.lock
-    limit=${STEP_TIMEOUT:-520}
+    limit=${STEP_TIMEOUT:-540}
     set +e
     pids=()
     for step in $steps; do
@@ -81,17 +90,21 @@ stage2)   # there, call 2 (within ~30 s of call 1)
         tests)   cmd=(python3 -m pytest -q -rs -s tests/test_cuda.py) ;;
         tune-op) cmd=(python3 -m adaptune.cli tune-op L8 --target cuda --trials 16 --work-dir /tmp/l8-cuda) ;;
         paper)   cmd=(python3 bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128 --strategies rl+as
-                      --jobs 4 --out /tmp/paper) ;;
-        e2e)     cmd=(python3 bench/e2e.py --target cuda --models resnet18 --trials "${E2E_TRIALS:-256}"
+                      --jobs 8 --out /tmp/paper) ;;
+        e2e)     cmd=(python3 bench/e2e.py --target cuda --models resnet18 --trials "${E2E_TRIALS:-160}"
                       --rounds 5 --out /tmp/e2e) ;;
         *)       echo "unknown step $step"; continue ;;
         esac
-        (timeout "$limit" "${cmd[@]}" >"$out/$step.log" 2>&1; echo "$step exit: $?" >>"$out/$step.log") &
-        pids+=($!)
-        echo "started $step: ${cmd[*]}"
+        echo "$(date +%T) $step: ${cmd[*]}"
+        if [[ ${PARALLEL:-0} = 1 ]]; then
+            (timeout "$limit" "${cmd[@]}" >"$out/$step.log" 2>&1; echo "$step exit: $?" >>"$out/$step.log") &
+            pids+=($!)
+        else
+            timeout "$limit" "${cmd[@]}" >"$out/$step.log" 2>&1; echo "$step exit: $?" >>"$out/$step.log"
+        fi
     done
-    wait "${pids[@]}"
-    for step in $steps; do echo "=== $step"; tail -n 60 "$out/$step.log" 2>/dev/null; done
+    [[ ${#pids[@]} = 0 ]] || wait "${pids[@]}"
+    for step in $steps; do echo "=== $step"; grep -v "INFO\|DEBUG\|^ \|^--\|^Total\|^$" "$out/$step.log" | tail -n 70; done
     cp /tmp/paper/L*.png /tmp/e2e/e2e.json "$out/" 2>/dev/null
     ;;
 *)

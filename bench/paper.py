@@ -8,7 +8,7 @@ on the paper's layers L1-L8, same budget, same build function and runner, one ru
     python bench/paper.py --strategies rl+as --seeds 3        # everything three times (seeds 0, 1, 2)
     python bench/paper.py --target '{"kind": "llvm", "mcpu": "haswell"}'   # AVX2 code on this host
     python bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128  # the visible NVIDIA GPU
-    python bench/paper.py --target cuda --jobs 4   # 4 layers at a time; kernel runs take turns on the GPU
+    python bench/paper.py --target cuda --jobs 8   # 8 runs at a time; kernel runs take turns on the GPU
 
 Writes one PNG per layer (best GFLOPS against measurements and against wall time, like the paper's
 Fig. 9/12-14) to --out, and prints: per strategy and layer, measurements and wall time to reach
@@ -44,12 +44,16 @@ from adaptune.model.workloads import get_workload  # noqa: E402
 STRATEGIES = ["sa", "rl", "sa+as", "rl+as", "random"]
 
 
-def run_layer(layer, target, strategies, trials, batch, out: Path, seed) -> list:
-    """One layer's runs: each adaptune strategy, then MetaSchedule evolutionary (last)."""
+MS = "ms-evolutionary"
+
+
+def run_one(job, target, trials, batch, out: Path, seed, build_workers=None):
+    """One run: ``job`` = (layer, strategy), the strategy an adaptune one or ``MS``."""
+    layer, strategy = job
     wl = get_workload(layer)
-    runs = [run_adaptune(wl, target, s, trials, batch, out, seed) for s in strategies]
-    runs.append(run_ms_evolutionary(wl, target, trials, batch, out, seed))
-    return runs
+    if strategy == MS:
+        return run_ms_evolutionary(wl, target, trials, batch, out, seed, build_workers=build_workers)
+    return run_adaptune(wl, target, strategy, trials, batch, out, seed, build_workers=build_workers)
 
 
 def _quiet_tvm() -> None:
@@ -156,8 +160,9 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES,
                     help="adaptune strategies to run (default: all five)")
     ap.add_argument("--jobs", type=int, default=1,
-                    help="layers tuned at once, in worker processes; their kernel runs take turns on the device "
-                         "(a file lock, ADAPTUNE_DEVICE_LOCK, default OUT/.device.lock)")
+                    help="runs (a layer with one strategy) at once, in worker processes, the build workers shared "
+                         "out among them; their kernel runs take turns on the device (a file lock, "
+                         "ADAPTUNE_DEVICE_LOCK, default OUT/.device.lock)")
     args = ap.parse_args()
     trials = args.trials or (64 if args.quick else 256)
     batch = 16 if trials <= 64 else 64
@@ -173,11 +178,13 @@ def main() -> None:
             sys.exit(2)
         print(f"GPU: {tvm.cuda(0).device_name}", flush=True)
     print(f"target {target}; {trials} trials per layer, {batch} per iteration", flush=True)
-    pool = None
+    pool, workers = None, None
     if args.jobs > 1:
         os.environ.setdefault("ADAPTUNE_DEVICE_LOCK", str(out.resolve() / ".device.lock"))   # workers inherit it
-        print(f"{args.jobs} jobs: layers tuned in parallel, measurements serialised with the lock "
-              f"{os.environ['ADAPTUNE_DEVICE_LOCK']} (wall times include waiting for it)", flush=True)
+        workers = max(2, (os.cpu_count() or 2) // args.jobs)
+        print(f"{args.jobs} jobs: the (layer, strategy) runs in parallel, {workers} build workers each, kernel runs "
+              f"serialised with the lock {os.environ['ADAPTUNE_DEVICE_LOCK']} (wall times include waiting for it)",
+              flush=True)
         pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_tvm)
     summary = {}
     try:
@@ -185,10 +192,14 @@ def main() -> None:
             if args.seeds > 1:
                 print(f"\n=== seed {seed} ===", flush=True)
             table = {}
-            layer_runs = partial(run_layer, target=target, strategies=args.strategies, trials=trials, batch=batch,
-                                 out=out, seed=seed)
-            # in layer order, each as soon as it and the ones before it are done
-            for layer, runs in zip(args.layers, (pool.map if pool else map)(layer_runs, args.layers)):
+            one = partial(run_one, target=target, trials=trials, batch=batch, out=out, seed=seed,
+                          build_workers=workers)
+            names = args.strategies + [MS]
+            jobs = [(layer, s) for layer in args.layers for s in names]
+            done = iter((pool.map if pool else map)(one, jobs))
+            # in layer order, each layer as soon as its runs and the ones before them are done
+            for layer in args.layers:
+                runs = [next(done) for _ in names]
                 wl = get_workload(layer)
                 plot(layer if seed == args.seed else f"{layer}-seed{seed}", wl, runs, out)
                 table[layer] = {r.strategy: r for r in runs}
