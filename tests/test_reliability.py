@@ -181,3 +181,23 @@ def test_the_work_dir_lock_is_released_when_a_run_ends(tmp_path):
     _hold_lock(wd).close()                     # free again; the same after a refused start
     assert main(["tune-op", "tiny-dense", "--trials", "2", "--work-dir", str(wd)]) == 2
     _hold_lock(wd).close()
+
+
+def test_model_json_updates_take_the_lock_and_torn_log_lines_are_dropped(tmp_path):
+    from adaptune.measure.workdir import WorkDir, WorkDirBusy, read_jsonl, repair_jsonl
+    wd = WorkDir(tmp_path / "wd")
+    wd.write_model({"model": "m", "tasks": []})
+    held = _hold_lock(tmp_path / "wd")
+    try:
+        with pytest.raises(WorkDirBusy):            # `bench` saving its choice while a run writes the dir
+            wd.update_model(library=[])
+    finally:
+        held.close()
+    assert "library" not in wd.model()
+    wd.update_model(library=[1])
+    assert wd.model() == {"model": "m", "tasks": [], "library": [1]}
+    log = tmp_path / "r.jsonl"
+    log.write_bytes(b'{"a": 1}\n\n{"b": 2}\n{"c": ')
+    assert read_jsonl(log) == [{"a": 1}, {"b": 2}]
+    assert repair_jsonl(log) == 1 and log.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    assert repair_jsonl(log) == 0 and read_jsonl(tmp_path / "missing.jsonl") == []

@@ -266,7 +266,7 @@ def cmd_bench(args) -> int:
 
     from ..model import compile as C
     from ..model.compile import NumericsError
-    from ..measure.workdir import WorkDir, write_json
+    from ..measure.workdir import WorkDir, WorkDirBusy, write_json
     from ..model.evaluate import evaluate
     try:
         if args.json is not None and not Path(args.json).resolve().parent.is_dir():
@@ -285,7 +285,10 @@ def cmd_bench(args) -> int:
     if ev.best is not None:
         _choice_table(ev.best, target.kind.name == "cuda")
         if args.db:     # the per-chain choice, for ``report``
-            WorkDir(args.db).update_model(library=[c.as_dict() for c in ev.best.choices])
+            try:
+                WorkDir(args.db).update_model(library=[c.as_dict() for c in ev.best.choices])
+            except WorkDirBusy as e:
+                print(f"adaptune: warning: the per-chain choice is not saved to {args.db}: {e}", file=sys.stderr)
     base = ev.row("pytorch-eager") or ev.rows[0]
     table = Table(title=f"{model.name}, input {' '.join(str(list(s)) for _, s, _ in model.inputs)}: "
                         f"latency over {args.rounds} alternating rounds (outputs checked first)")

@@ -44,33 +44,32 @@ def write_json(path, data) -> None:
     os.replace(tmp, path)
 
 
+def _json_lines(raw: bytes) -> tuple[list[dict], list[bytes], int]:
+    """A record log's rows, the raw lines they came from, and how many lines were not JSON (a torn
+    last write); blank lines are neither."""
+    rows, good, bad = [], [], 0
+    for ln in raw.split(b"\n"):
+        if not ln.strip():
+            continue
+        try:
+            rows.append(json.loads(ln))
+            good.append(ln)
+        except ValueError:
+            bad += 1
+    return rows, good, bad
+
+
 def read_jsonl(path) -> list[dict]:
     """A record log's rows in order; a line that is not JSON (a torn last write) is skipped."""
     path = Path(path)
-    rows = []
-    if path.exists():
-        for ln in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(ln))
-            except ValueError:
-                continue
-    return rows
+    return _json_lines(path.read_bytes())[0] if path.exists() else []
 
 
 def repair_jsonl(path: Path) -> int:
     """Drop lines that are not valid JSON (a torn last write); returns how many were dropped."""
     if not path.exists():
         return 0
-    lines = path.read_bytes().split(b"\n")
-    good, bad = [], 0
-    for ln in lines:
-        if not ln.strip():
-            continue
-        try:
-            json.loads(ln)
-            good.append(ln)
-        except ValueError:
-            bad += 1
+    _, good, bad = _json_lines(path.read_bytes())
     if bad:
         log.warning("%s: dropped %d unreadable line(s) (interrupted write?)", path, bad)
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -161,6 +160,8 @@ class WorkDir:
         write_json(self.path / MODEL_META, meta)
 
     def update_model(self, **fields) -> None:
-        """Set top-level fields of ``model.json``, if this is a model work dir (else nothing)."""
+        """Set top-level fields of ``model.json``, if this is a model work dir (else nothing), under
+        the work dir's lock (a read-modify-write; ``WorkDirBusy`` while another run writes it)."""
         if self.is_model():
-            self.write_model({**self.model(), **fields})
+            with self.lock():
+                self.write_model({**self.model(), **fields})

@@ -98,10 +98,14 @@ def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
     calls: dict[str, int] = {}
     started: dict[str, float] = {}
 
+    gpu = str(dev) != str(tvm.cpu())
+
     def instrument(func, symbol, before, ret, *_):
         if before:
             started[symbol] = time.perf_counter()
         else:
+            if gpu:
+                dev.sync()              # a GPU kernel's launch returns at once: wait for it to finish
             samples.setdefault(symbol, []).append(time.perf_counter() - started.pop(symbol))
             calls[symbol] = calls.get(symbol, 0) + 1
 
