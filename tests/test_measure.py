@@ -51,3 +51,23 @@ def test_build_workers_outlive_a_batch_and_are_recycled(conv_space, target):
     assert builder.build([ms.builder.BuilderInput(good, target)])[0].error_msg is None
     assert pids() and pids() != before       # the fourth build went to a fresh worker (recycle=3)
     builder.close()
+
+
+def test_tvm_runs_generated_kernels_on_every_core():
+    """TVM's pool alone takes half the logical CPUs on x86; importing adaptune sets it to the
+    physical cores (the host target's num-cores), its idle workers to sleep at once, and a user's
+    own settings still win."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+    code = ("import os, adaptune._tvm, tvm; print(os.environ['TVM_THREAD_POOL_SPIN_COUNT'], "
+            "tvm.get_global_func('runtime.NumThreads')())")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")}
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.split()[-2:] == ["0", str(psutil.cpu_count(logical=False) or os.cpu_count())]
+    got = subprocess.run([sys.executable, "-c", code], env={**env, "TVM_NUM_THREADS": "1"}, capture_output=True,
+                         text=True, check=True)
+    assert int(got.stdout.split()[-1]) == 1

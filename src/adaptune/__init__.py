@@ -13,6 +13,17 @@ from importlib import import_module
 # own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "100000")
+# TVM's own pool, unless TVM_NUM_THREADS says otherwise, takes half the logical CPUs on x86 (it
+# assumes two hardware threads per core): on a 2-vCPU machine whose vCPUs are two cores, every
+# generated kernel ran on one thread.  So TVM gets the physical cores (the host target's num-cores),
+# and its idle workers sleep at once (TVM_THREAD_POOL_SPIN_COUNT=0): spinning, they take the cores
+# from oneDNN's OpenMP threads between library calls (ResNet-18 with the library choice: 16 -> 26 ms
+# with 2 spinning TVM threads; 15-16 ms with them sleeping, and all generated 82 -> 45 ms;
+# docs/decisions.md).  Set before TVM starts its pool; measuring workers inherit both.
+if "TVM_NUM_THREADS" not in os.environ:
+    import psutil
+    os.environ["TVM_NUM_THREADS"] = str(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 
 __version__ = "0.1.0"
 
