@@ -30,9 +30,9 @@ from typing import Callable
 from ._tvm import ms
 from .measure.workdir import WorkDir, WorkDirError
 from .model.frontends import Model
-from .model.graph import extract_tasks, gpu_default_schedule, optimise, pass_report
+from .model.graph import extract_tasks, gpu_kernel_schedule, optimise, pass_report
 from .measure.run import Measurer
-from .measure.target import parse_target
+from .measure.target import is_cuda, parse_target
 from .tuner import TaskTuner
 
 log = logging.getLogger("adaptune")
@@ -116,8 +116,8 @@ def untuned_schedule(mod, target):
     ``JSONDatabase.get_top_k`` skips records whose trace is empty).  On a GPU, where loops bound to
     no thread do not build: TVM's default GPU schedule (``graph.gpu_default_schedule``'s rules)."""
     from tvm import s_tir
-    if target.kind.name == "cuda":
-        return gpu_default_schedule(mod, target, as_schedule=True)
+    if is_cuda(target):
+        return gpu_kernel_schedule(mod, target)
     sch = s_tir.Schedule(mod)
     sch.get_child_blocks(sch.get_sblock("root"))
     return sch

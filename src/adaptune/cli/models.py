@@ -116,10 +116,11 @@ def _library_summary(library: dict, chains: int | None = None) -> str:
 
 
 def _build_best(args, model, target, db):
+    from ..measure.target import is_cuda
     from ..model.compile import build_best
     with _spinner("building and timing the tuned model (all generated, all library, per-chain choice, serial glue)"):
         best = build_best(model, db, target, library=not args.no_library)
-    _choice_table(best, target.kind.name == "cuda")
+    _choice_table(best, is_cuda(target))
     return best
 
 
@@ -164,6 +165,7 @@ def cmd_tune(args) -> int:
 
 def _tune(args, model, target, measurer, work_dir: Path) -> int:
     """``tune`` once its input is checked: tune, then build, check and time the model (``evaluate``)."""
+    from ..measure.target import is_cuda
     from rich.console import Console
     from rich.table import Table
 
@@ -220,7 +222,7 @@ def _tune(args, model, target, measurer, work_dir: Path) -> int:
         return fail(f"tuned model fails the numerical check: {e}", 1)
     phases.start(None)
     best = ev.best
-    _choice_table(best, target.kind.name == "cuda")
+    _choice_table(best, is_cuda(target))
     gen = next(b for b in best.builds if b.name == "generated")
     t0 = ev.row("tvm-untuned").latency_ms / 1e3
     WorkDir(work_dir).update_model(
@@ -240,6 +242,7 @@ def _tune(args, model, target, measurer, work_dir: Path) -> int:
 
 
 def cmd_compile(args) -> int:
+    from ..measure.target import is_cuda
     from ..model import compile as C
     from ..model.compile import NumericsError
     try:
@@ -256,11 +259,12 @@ def cmd_compile(args) -> int:
     C.export(best.best.executable, out)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); numerics PASS (max error {best.best.error:.1e}); "
           f"{_library_summary(best.best.library)}. Load with "
-          f"tvm.relax.VirtualMachine(adaptune.model.compile.load(path), {'tvm.cuda()' if target.kind.name == 'cuda' else 'tvm.cpu()'})")
+          f"tvm.relax.VirtualMachine(adaptune.model.compile.load(path), {'tvm.cuda()' if is_cuda(target) else 'tvm.cpu()'})")
     return 0
 
 
 def cmd_bench(args) -> int:
+    from ..measure.target import is_cuda
     from rich.console import Console
     from rich.table import Table
 
@@ -283,7 +287,7 @@ def cmd_bench(args) -> int:
     except NumericsError as e:
         return fail(f"numerical check failed: {e}", 1)
     if ev.best is not None:
-        _choice_table(ev.best, target.kind.name == "cuda")
+        _choice_table(ev.best, is_cuda(target))
         if args.db:     # the per-chain choice, for ``report``
             try:
                 WorkDir(args.db).update_model(library=[c.as_dict() for c in ev.best.choices])

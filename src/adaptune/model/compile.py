@@ -14,7 +14,7 @@ import numpy as np
 from .._tvm import ms
 from .graph import apply_database, fuse, gpu_default_schedule, optimise
 from ..measure.verify import TOLERANCE, relative_error
-from ..measure.target import parse_target
+from ..measure.target import is_cuda, parse_target
 from .timing import device_exclusive, time_vm, vm_device
 
 import tvm
@@ -83,7 +83,7 @@ def lower_tuned(model, database, target, library=None, serial=False) -> "tvm.IRM
         mod = offload(mod, library)
     fused = fuse(mod, target)
     mod = apply_database(fused, serial_glue(fused, database, target) if serial else database, target)
-    if target.kind.name == "cuda":
+    if is_cuda(target):
         return gpu_default_schedule(mod, target)
     from .library import schedule_epilogues
     return schedule_epilogues(mod)
@@ -128,7 +128,7 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     variants = [("generated", {}, False)]
     if choices:
         variants += [("library", eligible(choices), False), ("choice", chosen(choices), False)]
-        if target.kind.name == "llvm":      # serial glue: TVM's CPU thread pool beside OpenMP's
+        if not is_cuda(target):             # serial glue: TVM's CPU thread pool beside OpenMP's
             variants += [("library, serial glue", eligible(choices), True),
                          ("choice, serial glue", chosen(choices), True)]
     builds, seen = [], {}

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import compile as C
 from .timing import UNTUNED_CAP_S, device_exclusive, time_callable
-from ..measure.target import parse_target
+from ..measure.target import is_cuda, parse_target
 from ..measure.verify import TOLERANCE, max_relative_error
 
 RUNTIMES = ("tvm-untuned", "adaptune-generated", "adaptune", "pytorch-eager", "torch-compile", "onnxruntime")
@@ -162,7 +162,7 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
         skipped["adaptune-generated"] = skipped["adaptune"] = "no tuning database (--db)"
     if anchors:
         stage("preparing PyTorch eager, torch.compile and ONNX Runtime")
-        cuda = target.kind.name == "cuda"
+        cuda = is_cuda(target)
         contenders.update(_torch_runtimes(model, inputs, compile_torch, skipped, cuda))
         if cuda:
             skipped["onnxruntime"] = "ONNX Runtime runs on the CPU here; the target is the GPU"

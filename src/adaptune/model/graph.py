@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .._tvm import ms
+from ..measure.target import is_cuda
 
 import tvm
 from tvm import relax
@@ -265,23 +266,29 @@ def apply_database(fused, database, target) -> "tvm.IRModule":
 GPU_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
 
 
-def gpu_default_schedule(mod, target, as_schedule: bool = False):
+def _gpu_rules():
+    from tvm.s_tir import dlight as dl
+    return [getattr(dl.gpu, r)() for r in GPU_RULES]
+
+
+def gpu_default_schedule(mod, target) -> "tvm.IRModule":
     """On a GPU every kernel needs its loops bound to threads: the kernels no record scheduled get
     TVM's default GPU schedules (dlight: matmul, GEMV, reductions, else one thread per element).
-    A CPU module is returned as it is (TVM lowers unscheduled loops serially there).
-    ``as_schedule``: ``mod`` is one kernel ("main"); return its ``s_tir.Schedule`` (with the trace)."""
+    A CPU module is returned as it is (TVM lowers unscheduled loops serially there)."""
     from tvm.s_tir import dlight as dl
-    rules = [getattr(dl.gpu, r)() for r in GPU_RULES]
-    if as_schedule:
-        for rule in rules:
-            sch = rule.apply(mod["main"], target, False)
-            if sch is not None:
-                return sch[0] if isinstance(sch, list) else sch
-        raise ValueError("no default GPU schedule applies to this kernel")
-    if target.kind.name != "cuda":
+    if not is_cuda(target):
         return mod
     with target:
-        return dl.ApplyDefaultSchedule(*rules)(mod)
+        return dl.ApplyDefaultSchedule(*_gpu_rules())(mod)
+
+
+def gpu_kernel_schedule(mod, target):
+    """``gpu_default_schedule`` of one kernel ("main") as an ``s_tir.Schedule``, with its trace."""
+    for rule in _gpu_rules():
+        sch = rule.apply(mod["main"], target, False)
+        if sch is not None:
+            return sch[0] if isinstance(sch, list) else sch
+    raise ValueError("no default GPU schedule applies to this kernel")
 
 
 def extract_tasks(optimised, target) -> tuple[list[Task], dict]:

@@ -9,7 +9,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from ...measure.target import device
+from ...measure.target import device, is_cuda
 from ..timing import device_exclusive
 from .lowering import chain_modules, offload
 from .op import LibraryOp
@@ -76,7 +76,7 @@ def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None
     from .. import winograd
     times = {} if times is None else times
     if (op, impl) not in times:
-        if impl == "winograd" and (target.kind.name != "llvm" or not winograd.supports(op)):
+        if impl == "winograd" and (is_cuda(target) or not winograd.supports(op)):
             times[op, impl] = None
             return None
         try:
