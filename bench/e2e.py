@@ -71,6 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenetv2"])
     ap.add_argument("--trials", type=positive_int, default=200, help="adaptune's trial budget per model")
     ap.add_argument("--strategy", default="chameleon")
+    ap.add_argument("--spaces", default="auto", choices=["auto", "expert", "generic", "both"],
+                    help="design spaces (default auto: the expert x86 template where it covers the kernel)")
     ap.add_argument("--rounds", type=positive_int, default=7, help="timing rounds, contenders alternated")
     ap.add_argument("--ms", action="store_true", help="also tune with MetaSchedule's evolutionary search")
     ap.add_argument("--ms-batch", type=int, default=16)
@@ -98,7 +100,7 @@ def main(argv=None) -> int:
         if not (args.reuse and WorkDir(wd).is_model()):
             shutil.rmtree(wd, ignore_errors=True)
             print(f"\n{name}: tuning with adaptune {args.strategy}, {args.trials} trials ...", flush=True)
-            wall = tune_model(model, target, trials=args.trials, strategy=args.strategy, work_dir=wd,
+            wall = tune_model(model, target, trials=args.trials, strategy=args.strategy, work_dir=wd, spaces=args.spaces,
                               on_stage=lambda s: print(f"  {s}", flush=True), on_progress=progress).wall_time
         ev = evaluate(model, target, C.open_database(wd), rounds=args.rounds,
                       on_stage=lambda s: print(f"  {s}", flush=True))

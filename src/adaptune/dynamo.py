@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-OPTIONS = {"trials": 64, "work_dir": "runs/dynamo", "strategy": "chameleon", "target": None, "library": True}
+OPTIONS = {"trials": 64, "work_dir": "runs/dynamo", "strategy": "chameleon", "target": None, "library": True,
+           "spaces": "auto"}
 CHOICE = "compiled.json"        # the final build's per-chain choice, in a graph's folder
 
 
@@ -102,7 +103,7 @@ def _compile(model, folder: Path, opts: dict):
         return ex, f"rebuilt from {folder} (nothing measured), max error {error:.1e}"
     resume = WorkDir(folder).is_model()
     result = tune_model(model, target, trials=opts["trials"], strategy=opts["strategy"], work_dir=folder,
-                        resume=resume, library=opts["library"])
+                        resume=resume, library=opts["library"], spaces=opts["spaces"])
     best = C.build_best(model, C.open_database(folder), target, library=opts["library"],
                         library_times=result.library_times)
     write_json(folder / CHOICE, {"build": best.best.name, "seconds": best.best.seconds, "serial": best.best.serial,
@@ -131,7 +132,7 @@ def _runner(executable, weights: list[int], spec, tensor_slots: list[int], const
 
 
 def adaptune_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
-    """The Dynamo backend (see the module doc); ``options``: trials, work_dir, strategy, target, library."""
+    """The Dynamo backend (see the module doc); ``options``: trials, work_dir, strategy, target, library, spaces."""
     from torch.utils._pytree import tree_flatten
 
     from .model.frontends import ModelError

@@ -125,11 +125,12 @@ def untuned_schedule(mod, target):
 
 def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = "chameleon", work_dir,
                resume: bool = False, seed: int = 0, batch_size: int | None = None,
-               measurer: Measurer | None = None, library: bool = True,
+               measurer: Measurer | None = None, library: bool = True, spaces: str = "auto",
                on_progress: Callable[[int, int, str, float], None] | None = None,
                on_stage: Callable[[str], None] | None = None) -> ModelTuneResult:
     """Tune every task of ``model`` within ``trials`` measurements in total (resumable).
 
+    ``spaces`` picks each task's design spaces (``knobs.space_generator``).
     ``on_progress(done, trials, task_name, estimated_model_seconds)`` is called after each
     measurement; ``on_stage(text)`` when a long preparatory step starts."""
     if trials <= 0:
@@ -139,11 +140,11 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
     with wd.lock():
         return _tune_locked(model, parse_target(target), wd, trials=trials, strategy=strategy, resume=resume,
                             seed=seed, batch_size=batch_size, measurer=measurer, library=library,
-                            on_progress=on_progress, stage=on_stage or (lambda s: None))
+                            spaces=spaces, on_progress=on_progress, stage=on_stage or (lambda s: None))
 
 
 def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, batch_size, measurer, library,
-                 on_progress, stage) -> ModelTuneResult:
+                 spaces, on_progress, stage) -> ModelTuneResult:
     """``tune_model`` while it holds the work dir's lock."""
     t0 = time.perf_counter()
     stage("graph passes and task extraction")
@@ -173,7 +174,7 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
     db = ms.database.JSONDatabase(work_dir=str(wd))
     if old is None:
         _commit_untuned(db, tasks, baselines, target)
-    meta = {"model": model.source, "name": model.name, "target": str(target), "strategy": strategy,
+    meta = {"model": model.source, "name": model.name, "target": str(target), "strategy": strategy, "spaces": spaces,
             "trials": trials, "inputs": [[n, list(s), d] for n, s, d in model.inputs], "passes": passes,
             "tasks": [{"name": t.name, "weight": t.weight, "flops": t.flops, "baseline": baselines[t.name],
                        "library": floors.get(t.name)} for t in tasks]}
@@ -198,7 +199,7 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
                 if on_progress is not None:
                     on_progress(sum(s.trials for s in summaries), trials, summaries[i].name, estimate())
             tuners[i] = TaskTuner(tasks[i].mod, target, strategy=strategy, seed=seed + i, measurer=measurer,
-                                  label=tasks[i].name, on_result=progress,
+                                  label=tasks[i].name, on_result=progress, spaces=spaces,
                                   store_args={"work_dir": wd.path, "db": db, "name": tasks[i].name})
             summaries[i].trials, summaries[i].best = tuners[i].trials, tuners[i].state.best_latency
         return tuners[i]

@@ -51,10 +51,11 @@ class TaskTuner:
 
     def __init__(self, mod, target, *, strategy="chameleon", seed: int = 0, store_args: dict | None = None,
                  measurer: Measurer | None = None, label: str = "", strategy_options: dict | None = None,
-                 on_result: Callable[["TaskTuner"], None] | None = None, verify: bool = True):
+                 on_result: Callable[["TaskTuner"], None] | None = None, verify: bool = True,
+                 spaces: str = "auto"):
         self.t0 = time.perf_counter()
         self.label = label or "main"
-        self.space = KnobSpace(mod, target, seed=seed)
+        self.space = KnobSpace(mod, target, seed=seed, spaces=spaces)
         self.state = TuneState(self.space, seed=seed)
         self.strategy = make_strategy(strategy, **(strategy_options or {}))
         self.strategy.setup(self.state.context)
@@ -165,18 +166,19 @@ class TaskTuner:
 def tune_tir(mod, target=None, *, strategy="chameleon", trials: int = 64, work_dir=None, resume: bool = False,
              seed: int = 0, batch_size: int | None = None, measurer: Measurer | None = None,
              on_progress: Callable[[int, int, float | None], None] | None = None,
-             label: str = "", strategy_options: dict | None = None) -> TuneResult:
+             label: str = "", strategy_options: dict | None = None, spaces: str = "auto") -> TuneResult:
     """Tune one TIR workload with an adaptune strategy.
 
     ``trials`` is the total measurement budget of the work dir: a resumed run measures only what
-    is left.  ``batch_size`` (configs per iteration) defaults to 64, capped at trials/4 so even
+    is left.  ``spaces`` picks the design spaces (``knobs.space_generator``: auto, generic, expert,
+    both).  ``batch_size`` (configs per iteration) defaults to 64, capped at trials/4 so even
     small budgets give the cost model several rounds."""
     if trials <= 0:
         raise ValueError("trials must be positive")
     target = parse_target(target)
     progress = None if on_progress is None else (lambda t: on_progress(t.trials, trials, t.state.best_latency))
     tuner = TaskTuner(mod, target, strategy=strategy, seed=seed, measurer=measurer, label=label,
-                      strategy_options=strategy_options, on_result=progress,
+                      strategy_options=strategy_options, on_result=progress, spaces=spaces,
                       store_args={"work_dir": work_dir, "resume": resume} if work_dir else None)
     batch_size = batch_size or max(1, min(64, max(8, trials // 4)))
     try:

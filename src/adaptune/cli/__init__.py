@@ -20,11 +20,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     t = sub.add_parser("tune-op", help="tune one operator workload")
     t.add_argument("workload", nargs="?", default=None,
-                   help="L1..L8, resnet18-8, tiny-conv, tiny-dense, or kind:dims e.g. conv2d:1,64,56,56,64,3,3,1,1 "
-                        "(default: L8, a ResNet-18 3x3 conv)")
+                   help="L1..L8, resnet18-8, tiny-conv, tiny-dense, or kind:dims e.g. conv2d:1,64,56,56,64,3,3,1,1, "
+                        "conv2d_nhwc:... (as models run it), linear:M,N,K (default: L8, a ResNet-18 3x3 conv)")
     t.add_argument("--target", default="host", help='"host" (default: this CPU with its mcpu), "llvm", "cuda" (the visible '
                    'NVIDIA GPU), or a JSON dict such as {"kind": "cuda", "arch": "sm_80"}')
     tuning_args(t, 64, "workload")
+    t.add_argument("--json", default=None, metavar="FILE",
+                   help="write {best_latency_ms, gflops, onednn_latency_ms, trials} to FILE")
     t.set_defaults(func=ops.cmd_tune_op)
     sub.add_parser("workloads", help="list the built-in workloads").set_defaults(func=ops.cmd_workloads)
 

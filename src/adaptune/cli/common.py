@@ -43,6 +43,10 @@ def tuning_args(p, trials: int, what: str) -> None:
                    help=f"measurement budget of the work dir, for the whole {what} (default {trials})")
     p.add_argument("--strategy", default="chameleon", choices=sorted(STRATEGIES),
                    help="search strategy (default chameleon = rl+as; sa is AutoTVM's baseline)")
+    p.add_argument("--spaces", default="auto", choices=["auto", "expert", "generic", "both"],
+                   help="design spaces: expert = the register-blocked x86 template where it covers the kernel "
+                        "(NHWC conv, dense with packed weights), else MetaSchedule's generic ones; both = the "
+                        "two, the design-space knob chooses (default auto = expert)")
     p.add_argument("--work-dir", default=None, help=f"where records go (default: runs/<{what}>-<strategy>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the records in --work-dir")
     p.add_argument("--seed", type=int, default=0)

@@ -193,7 +193,8 @@ def _tune(args, model, target, measurer, work_dir: Path) -> int:
                                    lambda: tune_model(model, target, trials=args.trials, strategy=args.strategy,
                                                       work_dir=work_dir, resume=args.resume, seed=args.seed,
                                                       batch_size=args.batch_size, measurer=measurer,
-                                                      on_progress=on_progress, on_stage=on_stage))
+                                                      spaces=args.spaces, on_progress=on_progress,
+                                                      on_stage=on_stage))
         if result is None:
             return code
     p = result.passes

@@ -46,6 +46,8 @@ def cmd_tune_op(args) -> int:
         check_runnable(target, remote=bool(args.rpc))
     except TargetError as e:
         return fail(f"{e}; measure on a remote one with --rpc HOST:PORT --device-key KEY")
+    if args.json is not None and not Path(args.json).resolve().parent.is_dir():
+        return fail(f"--json: folder {Path(args.json).parent} does not exist")
     work_dir = Path(args.work_dir or f"runs/{workload.label.replace(':', '_')}-{args.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         WorkDir(work_dir).check_operator(args.resume)
@@ -67,7 +69,8 @@ def cmd_tune_op(args) -> int:
                                    lambda: tune_tir(workload.mod(), target, strategy=args.strategy, trials=args.trials,
                                                     work_dir=work_dir, resume=args.resume, seed=args.seed,
                                                     batch_size=args.batch_size, measurer=measurer,
-                                                    on_progress=on_progress, label=workload.label))
+                                                    on_progress=on_progress, label=workload.label,
+                                                    spaces=args.spaces))
         if result is None:
             return code
     table = Table(title=f"{workload.label} with {args.strategy}", show_header=False)
@@ -86,8 +89,32 @@ def cmd_tune_op(args) -> int:
     table.add_row("best latency", f"{result.best_latency * 1e3:.4f} ms")
     table.add_row("best GFLOPS", f"{workload.flops / result.best_latency / 1e9:.1f}")
     table.add_row("numerical check vs numpy", f"{'PASS' if ok else 'FAIL'} (max rel. error {err:.2e})")
+    onednn = onednn_latency(workload, target)
+    if onednn is not None:
+        table.add_row("oneDNN, same shape", f"{onednn * 1e3:.4f} ms ({workload.flops / onednn / 1e9:.1f} GFLOPS; "
+                      f"tuned kernel {onednn / result.best_latency:.2f}x its speed)")
     console.print(table)
+    if args.json:
+        from ..measure.workdir import write_json
+        write_json(args.json, {"workload": workload.label, "best_latency_ms": result.best_latency * 1e3,
+                               "gflops": workload.flops / result.best_latency / 1e9,
+                               "onednn_latency_ms": None if onednn is None else onednn * 1e3,
+                               "trials": result.trials, "numerics_ok": ok})
     return 0 if ok else 1
+
+
+def onednn_latency(workload, target) -> float | None:
+    """Seconds per call of oneDNN's fused call on the workload's shape (pre-packed weights, NHWC),
+    its output checked against numpy first; None for a GPU target, a kernel oneDNN has no call for,
+    or a wrong result."""
+    from ..measure.verify import TOLERANCE
+    from ..model.library import workload_call
+    from ..model.timing import time_callable
+
+    if target.kind.name != "llvm" or workload.kind == "matmul":
+        return None
+    call, err = workload_call(workload)
+    return time_callable(call, repeat=5, min_repeat_ms=100) if err <= TOLERANCE else None
 
 
 def cmd_workloads(_args) -> int:

@@ -13,7 +13,11 @@ extraction deduplicates them:
 
 Workload specs on the command line: a name above (``L1``..``L8``, ``resnet18-8`` ...), or
 ``conv2d:N,C,H,W,K,R,S[,stride[,pad]]``, ``depthwise:N,C,H,W,R[,stride[,pad]]``,
-``dense:M,N,K`` (C = A·Bᵀ) and ``matmul:M,N,K`` (C = A·B).
+``dense:M,N,K`` (C = A·Bᵀ) and ``matmul:M,N,K`` (C = A·B).  ``conv2d_nhwc:`` and
+``depthwise_nhwc:`` take the same numbers and build the convolution as a model runs it after our
+layout pass: NHWC activations, OHWI weights marked layout-free, so the tuned kernel packs them once
+(MetaSchedule's layout rewrite) as the expert x86 design space expects; ``linear:M,N,K`` is
+``dense`` with its weight B marked layout-free the same way (a model's dense layer).
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True)
 class Workload:
-    kind: str            # conv2d | depthwise | dense | matmul
+    kind: str            # conv2d | depthwise | conv2d_nhwc | depthwise_nhwc | dense | linear | matmul
     shape: tuple         # kind-specific integers, see module docstring
     name: str = ""
 
@@ -39,9 +43,28 @@ class Workload:
     def label(self) -> str:
         return self.name or f"{self.kind}:{','.join(map(str, self.shape))}"
 
+    @property
+    def is_conv(self) -> bool:
+        return self.kind in CONV_KINDS
+
+    @property
+    def nhwc(self) -> bool:
+        return self.kind.endswith("_nhwc")
+
+    @property
+    def packed(self) -> bool:
+        """Whether the weight is marked layout-free (packed once, as in a model)."""
+        return self.nhwc or self.kind == "linear"
+
+    def as_nhwc(self) -> "Workload":
+        """The same convolution in the layout models run it in (NHWC, OHWI weights packed once)."""
+        if self.kind not in ("conv2d", "depthwise"):
+            raise WorkloadError(f"{self.label} is not an NCHW convolution")
+        return Workload(self.kind + "_nhwc", self.shape, f"{self.name}-nhwc" if self.name else "")
+
     # -- shapes ---------------------------------------------------------------------------------
     def _conv_dims(self):
-        if self.kind == "conv2d":
+        if self.kind in ("conv2d", "conv2d_nhwc"):
             n, c, h, w, k, r, s, stride, pad = self.shape
         else:
             n, c, h, w, r, stride, pad = self.shape
@@ -51,30 +74,37 @@ class Workload:
         return n, c, h, w, k, r, s, stride, pad, oh, ow
 
     def arg_shapes(self) -> list[tuple]:
-        if self.kind in ("conv2d", "depthwise"):
+        if self.is_conv:
             n, c, h, w, k, r, s, _, _, oh, ow = self._conv_dims()
-            wshape = (k, c, r, s) if self.kind == "conv2d" else (c, 1, r, s)
-            return [(n, c, h, w), wshape, (n, k, oh, ow)]
+            depthwise = self.kind.startswith("depthwise")
+            if self.nhwc:
+                return [(n, h, w, c), (c, r, s, 1) if depthwise else (k, r, s, c), (n, oh, ow, k)]
+            return [(n, c, h, w), (c, 1, r, s) if depthwise else (k, c, r, s), (n, k, oh, ow)]
         m, n, k = self.shape
-        return [(m, k), (n, k) if self.kind == "dense" else (k, n), (m, n)]
+        return [(m, k), (k, n) if self.kind == "matmul" else (n, k), (m, n)]
 
     @property
     def flops(self) -> float:
-        if self.kind in ("conv2d", "depthwise"):
+        if self.is_conv:
             n, c, h, w, k, r, s, _, _, oh, ow = self._conv_dims()
-            per_out = (c if self.kind == "conv2d" else 1) * r * s
+            per_out = (1 if self.kind.startswith("depthwise") else c) * r * s
             return 2.0 * n * k * oh * ow * per_out
         m, n, k = self.shape
         return 2.0 * m * n * k
 
     # -- TVM --------------------------------------------------------------------------------------
     def mod(self) -> "tvm.IRModule":
-        """The workload as a TIR PrimFunc ``main`` (no ``layout_free_buffers``: weights keep their
-        layout, so the kernel can be called and checked as-is)."""
+        """The workload as a TIR PrimFunc ``main``.  NCHW convolutions and matmuls have no
+        ``layout_free_buffers`` (weights keep their layout, as the paper's layers were tuned); the
+        NHWC kinds mark the weight layout-free, as Relax marks a model's weights."""
         shapes = self.arg_shapes()
-        a = te.placeholder(shapes[0], "float32", name="data" if "conv" in self.kind or self.kind == "depthwise" else "A")
-        b = te.placeholder(shapes[1], "float32", name="weight" if self.kind in ("conv2d", "depthwise") else "B")
-        if self.kind == "conv2d":
+        a = te.placeholder(shapes[0], "float32", name="data" if self.is_conv else "A")
+        b = te.placeholder(shapes[1], "float32", name="weight" if self.is_conv else "B")
+        if self.nhwc:
+            n, c, *_, stride, pad, _, _ = self._conv_dims()
+            groups = c if self.kind.startswith("depthwise") else 1
+            out = topi.nn.conv(a, b, stride, pad, 1, groups, "NHWC", "OHWI", out_dtype="float32")
+        elif self.kind == "conv2d":
             _, _, _, _, _, _, _, stride, pad, _, _ = self._conv_dims()
             out = topi.nn.conv2d_nchw(a, b, stride, pad, 1, out_dtype="float32")
         elif self.kind == "depthwise":
@@ -83,13 +113,15 @@ class Workload:
         else:
             m, n, k = self.shape
             rk = te.reduce_axis((0, k), name="k")
-            if self.kind == "dense":
+            if self.kind in ("dense", "linear"):
                 out = te.compute((m, n), lambda i, j: te.sum(a[i, rk] * b[j, rk], axis=rk), name="T_dense")
             else:
                 out = te.compute((m, n), lambda i, j: te.sum(a[i, rk] * b[rk, j], axis=rk), name="T_matmul")
         func = te.create_prim_func([a, b, out])
         if "layout_free_buffers" in (func.attrs or {}):
             func = func.without_attr("layout_free_buffers")
+        if self.packed:
+            func = func.with_attr("layout_free_buffers", [1])
         return tvm.IRModule({"main": func})
 
     # -- numerics ---------------------------------------------------------------------------------
@@ -100,7 +132,11 @@ class Workload:
     def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
         """numpy result computed in float64, independent of TVM."""
         a, b = (x.astype("float64") for x in inputs)
-        if self.kind in ("conv2d", "depthwise"):
+        if self.nhwc:     # the NCHW reference on transposed operands
+            nchw = Workload(self.kind.removesuffix("_nhwc"), self.shape)
+            out = nchw.reference([a.transpose(0, 3, 1, 2), b.transpose(0, 3, 1, 2)])
+            return out.transpose(0, 2, 3, 1)
+        if self.is_conv:
             n, c, h, w, k, r, s, stride, pad, oh, ow = self._conv_dims()
             ap = np.pad(a, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
             win = np.lib.stride_tricks.sliding_window_view(ap, (r, s), axis=(2, 3))[:, :, ::stride, ::stride]
@@ -108,10 +144,12 @@ class Workload:
             if self.kind == "conv2d":
                 return np.einsum("ncyxrs,kcrs->nkyx", win, b, optimize=True)
             return np.einsum("ncyxrs,crs->ncyx", win, b[:, 0], optimize=True)
-        return a @ (b.T if self.kind == "dense" else b)
+        return a @ (b if self.kind == "matmul" else b.T)
 
 
-_ARITY = {"conv2d": (7, 9), "depthwise": (5, 7), "dense": (3, 3), "matmul": (3, 3)}
+_ARITY = {"conv2d": (7, 9), "depthwise": (5, 7), "conv2d_nhwc": (7, 9), "depthwise_nhwc": (5, 7),
+          "dense": (3, 3), "linear": (3, 3), "matmul": (3, 3)}
+CONV_KINDS = ("conv2d", "depthwise", "conv2d_nhwc", "depthwise_nhwc")
 
 PAPER_LAYERS = {
     # name: (conv2d N, C, H, W, K, R, S, stride, pad), source
@@ -138,10 +176,10 @@ def get_workload(spec: str) -> Workload:
         return NAMED[spec]
     if ":" not in spec:
         raise WorkloadError(f"unknown workload {spec!r}; known: {', '.join(sorted(NAMED))}, or kind:dims "
-                            "with kind in conv2d, depthwise, dense, matmul")
+                            f"with kind in {', '.join(_ARITY)}")
     kind, _, dims = spec.partition(":")
     if kind not in _ARITY:
-        raise WorkloadError(f"unknown workload kind {kind!r}; use conv2d, depthwise, dense or matmul")
+        raise WorkloadError(f"unknown workload kind {kind!r}; use {', '.join(_ARITY)}")
     try:
         vals = [int(x) for x in dims.split(",")]
     except ValueError:
@@ -149,12 +187,12 @@ def get_workload(spec: str) -> Workload:
     lo, hi = _ARITY[kind]
     if not lo <= len(vals) <= hi:
         raise WorkloadError(f"{kind} needs {lo}{'' if lo == hi else f'-{hi}'} integers, got {len(vals)}")
-    if kind in ("conv2d", "depthwise"):
+    if kind in CONV_KINDS:
         vals += [1, 0][len(vals) - lo:]          # default stride 1, pad 0
-    if any(v <= 0 for v in vals[:lo]) or (kind != "dense" and kind != "matmul" and (vals[-2] <= 0 or vals[-1] < 0)):
+    if any(v <= 0 for v in vals[:lo]) or (kind in CONV_KINDS and (vals[-2] <= 0 or vals[-1] < 0)):
         raise WorkloadError(f"bad shape {dims!r}: sizes must be positive (pad >= 0)")
     wl = Workload(kind, tuple(vals))
-    if kind in ("conv2d", "depthwise"):
+    if kind in CONV_KINDS:
         *_, oh, ow = wl._conv_dims()
         if oh <= 0 or ow <= 0:
             raise WorkloadError(f"bad shape {dims!r}: kernel larger than padded input")

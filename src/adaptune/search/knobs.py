@@ -136,13 +136,28 @@ def as_module(mod) -> "tvm.IRModule":
 TENSOR_CORE_DTYPES = ("float16", "bfloat16", "int8", "uint8", "float8")
 
 
-def space_generator(mod, target) -> "ms.space_generator.PostOrderApply":
-    """MetaSchedule's default space generator for ``target``.  On CUDA its default adds the
-    tensor-core rules, which apply only to float16/bfloat16/int8/float8 operands and need TVM's
-    CUDA tensor intrinsics registered (10-25 s per process, see ``_tvm``); for a workload without
-    such operands its plain CUDA rules give the very same design spaces (checked on L1, L8 and a
-    dense), so only a tensor-core workload pays for the intrinsics."""
+def space_generator(mod, target, spaces: str = "auto"):
+    """The design spaces of ``mod`` on ``target`` as a MetaSchedule space generator.
+
+    ``spaces``: ``generic`` is MetaSchedule's default space generator; ``expert`` the register-blocked
+    x86 template of ``expert.py`` where it covers the workload (else the generic one); ``both`` the
+    two as one union, whose design-space knob chooses; ``auto`` (default) is ``expert``.
+
+    On CUDA MetaSchedule's default adds the tensor-core rules, which apply only to
+    float16/bfloat16/int8/float8 operands and need TVM's CUDA tensor intrinsics registered (10-25 s
+    per process, see ``_tvm``); for a workload without such operands its plain CUDA rules give the
+    very same design spaces (checked on L1, L8 and a dense), so only a tensor-core workload pays for
+    the intrinsics."""
+    from .expert import SPACES, covers, expert_space_generator
+    if spaces not in SPACES:
+        raise ValueError(f"unknown design spaces {spaces!r}; use one of {', '.join(SPACES)}")
     dtypes = {str(a.dtype) for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])}
     if target.kind.name != "cuda" or any(d.startswith(TENSOR_CORE_DTYPES) for d in dtypes):
-        return ms.space_generator.PostOrderApply()
-    return ms.space_generator.PostOrderApply(sch_rules="cuda", postprocs="cuda", mutator_probs="cuda")
+        generic = ms.space_generator.PostOrderApply()
+    else:
+        generic = ms.space_generator.PostOrderApply(sch_rules="cuda", postprocs="cuda", mutator_probs="cuda")
+    if spaces == "generic" or not covers(mod, target):
+        return generic
+    if spaces == "both":
+        return ms.space_generator.SpaceGeneratorUnion([generic, expert_space_generator(target)])
+    return expert_space_generator(target)

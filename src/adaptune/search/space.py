@@ -32,15 +32,17 @@ from .knobs import (CATEGORICAL, LOCATION, SPACE, TILE, Knob, Repaired, as_modul
                     simplified, space_generator, structure)
 
 class KnobSpace:
-    """The union of a workload's MetaSchedule design spaces as integer knob vectors."""
+    """The union of a workload's MetaSchedule design spaces as integer knob vectors.  ``spaces``
+    picks them (``knobs.space_generator``): the expert x86 template where it covers the workload,
+    MetaSchedule's generic ones, or both."""
 
     def __init__(self, mod, target, *, seed: int = 0, design_spaces=None, postprocs=None,
-                 num_threads: int = 1):
+                 num_threads: int = 1, spaces: str = "auto"):
         self.mod = as_module(mod)
         self.target = target
         self.seed = seed
         if design_spaces is None or postprocs is None:
-            ctx = ms.TuneContext(mod=self.mod, target=target, space_generator=space_generator(self.mod, target),
+            ctx = ms.TuneContext(mod=self.mod, target=target, space_generator=space_generator(self.mod, target, spaces),
                                  task_name="main", rand_state=max(seed, 1), num_threads=num_threads)
             design_spaces = design_spaces or ctx.generate_design_space()
             postprocs = postprocs or ctx.space_generator.postprocs

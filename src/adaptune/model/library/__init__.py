@@ -25,9 +25,9 @@ choice is checked on the whole model, not only per kernel).
 from .calls import CONV, onednn_conv2d, onednn_conv2d_add, onednn_linear, onednn_linear_add
 from .choice import Choice, chosen, eligible, library_time, plan, schedule_epilogues, task_floors
 from .lowering import chain_modules, offload
-from .op import LibraryOp
+from .op import LibraryOp, workload_call
 from .patterns import find_ops
 
 __all__ = ["CONV", "Choice", "LibraryOp", "chain_modules", "chosen", "eligible", "find_ops", "library_time",
            "offload", "onednn_conv2d", "onednn_conv2d_add", "onednn_linear", "onednn_linear_add", "plan",
-           "schedule_epilogues", "task_floors"]
+           "schedule_epilogues", "task_floors", "workload_call"]

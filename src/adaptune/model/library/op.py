@@ -91,3 +91,30 @@ class LibraryOp:
         if self.residual:
             return timed(lambda: onednn_conv2d_add(x, other, w, b, *self.attrs, self.post, key))
         return timed(lambda: onednn_conv2d(x, w, b, *self.attrs, self.post, key))
+
+
+def workload_call(wl) -> tuple:
+    """oneDNN's fused call (zero bias, pre-packed weight, NHWC activations: the model's library
+    path) on an operator workload's shape and random inputs, checked against the workload's numpy
+    reference: ``(callable, relative error)``.  Convolutions (either layout) and dense layers; a
+    matmul whose B is not transposed has no such call (ValueError)."""
+    from ...measure.verify import relative_error
+    inputs = wl.random_inputs()
+    ref = wl.reference(inputs)
+    key = hash((wl.kind, wl.shape))
+    if wl.is_conv:
+        n, c, h, w, k, r, s, stride, pad, oh, ow = wl._conv_dims()
+        x, weight = inputs
+        if wl.nhwc:
+            weight = weight.transpose(0, 3, 1, 2)                 # OHWI -> OIHW
+        else:
+            x, ref = x.transpose(0, 2, 3, 1), ref.transpose(0, 2, 3, 1)
+        groups = c if wl.kind.startswith("depthwise") else 1
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in (x, weight, np.zeros(k, "float32"))]
+        call = lambda: onednn_conv2d(*args, (pad, pad), (stride, stride), (1, 1), groups, "none", key)  # noqa: E731
+    elif wl.kind in ("dense", "linear"):
+        args = [tvm.runtime.tensor(a) for a in (*inputs, np.zeros(wl.shape[1], "float32"))]
+        call = lambda: onednn_linear(*args, "none", key)  # noqa: E731
+    else:
+        raise ValueError(f"no oneDNN call for {wl.kind}")
+    return call, relative_error(call().numpy(), ref)

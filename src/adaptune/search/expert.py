@@ -1,0 +1,190 @@
+"""Expert x86 design spaces: a register-blocked micro-kernel for NHWC convolutions and matmuls.
+
+MetaSchedule's generic multi-level tiling space holds 10^9-10^10 configs, most of them slow; at the
+trials a user can afford the search rarely reaches the corner where fast kernels live.  Chameleon
+was evaluated on AutoTVM's expert templates instead, small knob spaces in which every point is a
+sane kernel.  This is such a template, written as a MetaSchedule ``ScheduleFn`` so that
+``KnobSpace`` sees its sampling instructions as knobs and every strategy searches it unchanged.
+
+The kernel (for ``out[n, h, w, co] += in[n, h*s + kh, w*s + kw, ci] * wt[co, kh, kw, ci]``, the
+same with ``ci`` of extent 1 for depthwise, and ``out[.., i, j] += a[.., i, k] * b[.., j, k]``):
+
+    parallel for n, h, w_o, co_o            (fused)
+      for ci_o, kh, kw, ci_i                 (ci split: knob; kh, kw unrolled by the unroll knob)
+        for w_i                              (register block over output width: knob, unrolled)
+          vectorised for co_v                (output-channel vector block: one design space each)
+            acc[w_i, co_v] += in[...] * wt[...]
+      epilogue (bias, residual, activation) on the acc block, then stored
+
+so a ``w_i x co_v`` block of the output stays in vector registers for the whole reduction.  Each
+vector block is its own design space, with the register blocks that fit the register file beside
+it (32 zmm with AVX-512, 16 ymm with AVX2), so no point of the space spills.  The weights are
+packed to the loop order by MetaSchedule's ``RewriteLayout`` (buffers marked layout-free, as
+Relax marks model weights).  The expert and the generic spaces can be one task's spaces together
+(``space="both"``): the design-space knob chooses.
+"""
+from __future__ import annotations
+
+import platform
+from functools import partial
+
+from .._tvm import ms, s_tir, tvm
+
+#: reduction blocks the template covers: NHWC convolutions (grouped: depthwise) and matmuls
+CONV_BLOCKS = ("conv2d_nhwc", "group_conv2d_nhwc", "depthwise_conv2d_nhwc")
+MATMUL_BLOCKS = ("matmul", "T_matmul", "T_matmul_NT", "T_dense", "NT_matmul", "dense")
+UNROLL_STEPS = [0, 16, 64, 512]
+SPACES = ("auto", "generic", "expert", "both")
+
+
+def vector_isa(target) -> tuple[int, int]:
+    """(float32 lanes, vector registers) of an x86 target: AVX-512 16/32, AVX(2) 8/16, else 4/16."""
+    has = tvm.target.codegen.target_has_features
+    if has("avx512f", target):
+        return 16, 32
+    if has("avx2", target) or has("avx", target):
+        return 8, 16
+    return 4, 16
+
+
+def _iter_types(sch, block) -> list[int]:
+    return [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+
+
+def _reduction_block(sch):
+    """The template's reduction block in the function, or None if there is none it covers."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    reductions = [b for b in blocks if 2 in _iter_types(sch, b)]
+    if len(reductions) != 1:
+        return None
+    block = reductions[0]
+    name = sch.get(block).name_hint
+    kinds = _iter_types(sch, block)
+    if name in CONV_BLOCKS:
+        return block if kinds == [0, 0, 0, 0, 2, 2, 2] else None
+    if name in MATMUL_BLOCKS:
+        k = kinds.index(2)
+        return block if k >= 2 and kinds[k:] == [2] and set(kinds[:k]) == {0} else None
+    return None
+
+
+def _is_padding(sch, block) -> bool:
+    """Whether a producer block pads (writes zeros outside the input): else it is a plain copy."""
+    return "if_then_else" in str(sch.get(block).body)
+
+
+def vector_blocks(extent: int, lanes: int) -> list[int]:
+    """Output-channel vector blocks: multiples of 8 up to 4 vectors that divide the extent."""
+    return [v for v in range(8, 4 * lanes + 1, 8) if extent % v == 0 and (v % lanes == 0 or v < lanes)]
+
+
+def register_blocks(extent: int, vec: int, lanes: int, regs: int) -> list[int]:
+    """Register blocks over the output width whose accumulators (block x vectors) fit the register
+    file with four registers to spare (weights, broadcast input)."""
+    per_row = max(1, -(-vec // lanes))
+    return [b for b in range(1, min(extent, 16) + 1) if extent % b == 0 and b * per_row <= regs - 4]
+
+
+def _output_tile(sch, block) -> tuple[int, int]:
+    """Extents of the block's last two spatial loops: the register-blocked one and the vector one."""
+    kinds = _iter_types(sch, block)
+    spatial = len(kinds) - kinds.count(2)
+    loops = sch.get_loops(block)
+    return int(sch.get(loops[spatial - 2]).extent), int(sch.get(loops[spatial - 1]).extent)
+
+
+def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_pad: bool = False) -> "s_tir.Schedule":
+    """Schedule the covered reduction block as the register-blocked micro-kernel with output-channel
+    vector block ``vec``; the register block, the input-channel split and the unroll depth are
+    sampled (the knobs).  Padding is its own parallel pass unless ``inline_pad``.  Raises ValueError
+    for a function the template does not cover."""
+    block = _reduction_block(sch)
+    if block is None:
+        raise ValueError("no NHWC convolution or matmul block")
+    for producer in sch.get_producers(block):
+        if _is_padding(sch, producer) and not inline_pad:
+            loops = sch.get_loops(producer)
+            sch.parallel(sch.fuse(*loops[:-2]))
+            sch.vectorize(loops[-1])
+        else:
+            sch.compute_inline(producer)
+    chain, b = [], block
+    while True:
+        consumers = sch.get_consumers(b)
+        if len(consumers) != 1:
+            break
+        b = consumers[0]
+        chain.append(b)
+    if sch.get_consumers(b):
+        raise ValueError("the reduction's consumers are not a chain")
+    for c in chain[:-1]:
+        sch.compute_inline(c)
+    if chain:
+        last = chain[-1]
+        sch.set_scope(block, 0, "local")
+    else:
+        last = sch.cache_write(block, 0, "local")
+    loops = sch.get_loops(block)
+    spatial = len(loops) - _iter_types(sch, block).count(2)
+    outer, (reg, col), red = loops[:spatial - 2], loops[spatial - 2:spatial], loops[spatial:]
+    reg_extent, col_extent = _output_tile(sch, block)
+    if col_extent % vec:
+        raise ValueError(f"vector block {vec} does not divide {col_extent}")
+    blocks = register_blocks(reg_extent, vec, lanes, regs)
+    wb = sch.sample_categorical(blocks, [1.0 / len(blocks)] * len(blocks))
+    reg_o, reg_i = sch.split(reg, [None, wb])
+    col_o, col_v = sch.split(col, [None, vec])
+    red_split = sch.sample_perfect_tile(red[-1], n=2, max_innermost_factor=64)
+    red_o, red_i = sch.split(red[-1], red_split)
+    sch.reorder(*outer, reg_o, col_o, red_o, *red[:-1], red_i, reg_i, col_v)
+    sch.reverse_compute_at(last, col_o, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(last)[-1])
+    sch.parallel(sch.fuse(*outer, reg_o, col_o))
+    sch.unroll(reg_i)
+    sch.vectorize(col_v)
+    init = sch.decompose_reduction(block, red_o)
+    sch.vectorize(sch.get_loops(init)[-1])
+    unroll = sch.sample_categorical(UNROLL_STEPS, [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS))
+    sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", unroll)
+    return sch
+
+
+def _design_spaces(sch: "s_tir.Schedule", lanes: int, regs: int) -> list:
+    """One design space per vector block.  A full convolution keeps its padding as its own pass
+    (inlined, the bounds test is a scalar test per broadcast input in the inner loop, and the
+    accumulators went to memory); a depthwise one (one input channel per output channel) inlines
+    it: the test is one per vector there, and the separate pass cost as much memory traffic as the
+    convolution (MobileNetV2's depthwise layers: 1.1-2.8x faster inlined, docs/decisions.md)."""
+    block = _reduction_block(sch)
+    if block is None:
+        raise ValueError("no NHWC convolution or matmul block")
+    _, col_extent = _output_tile(sch, block)
+    depthwise = sch.get(block).name_hint in CONV_BLOCKS and int(sch.get(sch.get_loops(block)[-1]).extent) == 1
+    return [micro_kernel(sch.copy(), vec, lanes, regs, inline_pad=depthwise) for vec in vector_blocks(col_extent, lanes)]
+
+
+def covers(mod, target) -> bool:
+    """Whether the expert template schedules this workload on this target: an x86 CPU, a float32
+    NHWC convolution or matmul with an output-channel extent a multiple of 8, and weights marked
+    layout-free (``layout_free_buffers``, as Relax marks a model's), so they are packed to the
+    vector block once; unpacked, every vector load would be a gather."""
+    triple = str(target.attrs.get("mtriple", "")) or platform.machine()
+    if target.kind.name != "llvm" or not any(x in triple for x in ("x86", "AMD64", "i686")):
+        return False
+    if not (mod["main"].attrs or {}).get("layout_free_buffers"):
+        return False
+    try:
+        sch = s_tir.Schedule(mod, debug_mask="none")
+        if any(str(a.dtype) != "float32" for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])):
+            return False
+        return bool(_design_spaces(sch, *vector_isa(target)))
+    except Exception:  # noqa: BLE001 - any schedule error means the template does not apply
+        return False
+
+
+def expert_space_generator(target) -> "ms.space_generator.ScheduleFn":
+    """The expert template as a MetaSchedule space generator (one design space per vector block),
+    with the target's default postprocessors (``RewriteLayout`` packs the weights)."""
+    lanes, regs = vector_isa(target)
+    return ms.space_generator.ScheduleFn(partial(_design_spaces, lanes=lanes, regs=regs),
+                                         sch_rules=[], postprocs="from-target", mutator_probs={})

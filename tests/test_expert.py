@@ -1,0 +1,103 @@
+"""The expert x86 design space (search/expert.py): which kernels it covers, that every design space
+decodes, builds and computes the right result, and that it fits the register file."""
+import numpy as np
+import pytest
+
+from adaptune.cli.ops import check_numerics
+from adaptune.measure.target import parse_target
+from adaptune.model.workloads import get_workload
+from adaptune.search.expert import covers, register_blocks, vector_blocks, vector_isa
+from adaptune.search.knobs import space_generator
+from adaptune.search.space import KnobSpace
+
+COVERED = [
+    "conv2d_nhwc:1,16,14,14,16,3,3,1,1",      # 3x3
+    "conv2d_nhwc:1,5,13,13,24,3,3,2,1",       # odd input channels, prime width, stride 2
+    "conv2d_nhwc:1,24,10,10,40,1,1,1,0",      # 1x1, a vector block that is not a power of two
+    "conv2d_nhwc:1,8,11,11,16,1,1,2,0",       # 1x1 stride 2
+    "depthwise_nhwc:1,24,15,15,3,2,1",        # depthwise stride 2
+    "linear:6,48,40",                         # a model's dense layer (packed weight)
+]
+NOT_COVERED = [
+    "conv2d_nhwc:1,16,9,9,5,3,3,1,1",         # 5 output channels: no vector block
+    "conv2d:1,16,14,14,16,3,3,1,1",           # NCHW
+    "dense:16,48,40",                         # weight not layout-free: every vector load a gather
+]
+
+
+@pytest.mark.parametrize("spec", COVERED)
+def test_every_expert_design_space_builds_and_computes_the_right_result(spec, target):
+    wl = get_workload(spec)
+    assert covers(wl.mod(), target)
+    space = KnobSpace(wl.mod(), target, seed=1, spaces="expert")
+    rng = np.random.default_rng(0)
+    for s in range(len(space.traces)):
+        configs = space.random(2, rng)
+        configs[:, 0] = s
+        for sch, why, _ in space.decode_many(configs):
+            assert sch is not None, why
+            ok, err = check_numerics(wl, sch, target)
+            assert ok, f"{spec}, design space {s}: max rel. error {err:.2e}"
+
+
+@pytest.mark.parametrize("spec", NOT_COVERED)
+def test_an_uncovered_kernel_falls_back_to_the_generic_spaces(spec, target):
+    wl = get_workload(spec)
+    assert not covers(wl.mod(), target)
+    expert = KnobSpace(wl.mod(), target, seed=1, spaces="expert")
+    generic = KnobSpace(wl.mod(), target, seed=1, spaces="generic")
+    assert expert.structures == generic.structures
+
+
+def test_both_holds_the_generic_and_the_expert_spaces(target):
+    mod = get_workload(COVERED[0]).mod()
+    generic = KnobSpace(mod, target, spaces="generic")
+    expert = KnobSpace(mod, target, spaces="expert")
+    both = KnobSpace(mod, target, spaces="both")
+    assert len(both.traces) == len(generic.traces) + len(expert.traces)
+    assert set(both.structures) == set(generic.structures) | set(expert.structures)
+    assert KnobSpace(mod, target).structures == expert.structures      # auto = expert
+    with pytest.raises(ValueError, match="unknown design spaces"):
+        space_generator(mod, target, "fancy")
+
+
+def test_the_expert_knobs_are_the_templates(target):
+    """One design space per output-channel vector block; knobs: register block, input-channel split,
+    unroll depth; a ScheduleFn space carries RewriteLayout so the weights are packed."""
+    space = KnobSpace(get_workload("conv2d_nhwc:1,32,14,14,64,3,3,1,1").mod(), target, spaces="expert")
+    lanes, _ = vector_isa(target)
+    assert len(space.traces) == len(vector_blocks(64, lanes))
+    assert {k.kind for k in space.knobs[1:]} == {"categorical", "tile"}
+    assert any(type(p).__name__ == "RewriteLayout" for p in space.postprocs)
+
+
+@pytest.mark.parametrize("mcpu,lanes,regs", [("znver4", 16, 32), ("znver1", 8, 16), ("x86-64", 4, 16)])
+def test_register_blocks_fit_the_register_file(mcpu, lanes, regs):
+    t = parse_target({"kind": "llvm", "mcpu": mcpu})
+    assert vector_isa(t) == (lanes, regs)
+    for extent in (7, 14, 28, 56, 112, 13):
+        for vec in vector_blocks(64, lanes) or [8]:
+            for b in register_blocks(extent, vec, lanes, regs):
+                assert extent % b == 0 and b * -(-vec // lanes) <= regs - 4
+
+
+def test_model_convolutions_get_the_expert_space(target):
+    from adaptune.model.frontends import load_model
+    from adaptune.model.graph import extract_tasks, optimise
+
+    tasks, _ = extract_tasks(optimise(load_model("demo-cnn").mod), target)
+    kinds = {t.name: covers(t.mod, target) for t in tasks}
+    assert all(v for n, v in kinds.items() if "conv2d" in n), kinds
+    assert not kinds["fused_matmul_add31"]           # 10 classes: no vector block divides them
+    assert not any(v for n, v in kinds.items() if "conv2d" not in n), kinds
+
+
+def test_tune_op_tunes_in_the_expert_space(tmp_path, target):
+    from adaptune.tuner import tune_tir
+
+    wl = get_workload("conv2d_nhwc:1,16,14,14,32,3,3,1,1")
+    res = tune_tir(wl.mod(), target, trials=8, work_dir=tmp_path / "wd", seed=0)
+    assert res.best_latency is not None and res.trials == 8
+    assert KnobSpace(wl.mod(), target, spaces="expert").encode(res.best_schedule.trace) is not None
+    ok, err = check_numerics(wl, res.best_schedule, target)
+    assert ok, err
