@@ -243,6 +243,8 @@ def test_scheduler_spends_less_on_a_task_the_library_already_beats():
     assert covered.claim == pytest.approx(gen_only.claim / 16)
     assert next_task([covered, gen_only]) == 1
     assert covered.in_model == 5e-4 and gen_only.in_model == 2e-3
+    fresh = TaskSummary("c", 1, 1e9, 4e-3, best=2e-3, trials=1, library=5e-4)   # not yet given a fair try
+    assert fresh.claim == pytest.approx(TaskSummary("d", 1, 1e9, 4e-3, best=2e-3, trials=1).claim)
 
 
 def test_an_epilogue_with_several_output_blocks_compiles(target):

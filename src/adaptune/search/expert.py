@@ -74,8 +74,10 @@ def _is_padding(sch, block) -> bool:
 
 
 def vector_blocks(extent: int, lanes: int) -> list[int]:
-    """Output-channel vector blocks: multiples of 8 up to 4 vectors that divide the extent."""
-    return [v for v in range(8, 4 * lanes + 1, 8) if extent % v == 0 and (v % lanes == 0 or v < lanes)]
+    """Output-channel vector blocks that divide the extent: 1-4 full vectors, or where none
+    divides, a multiple of 8 below a vector (half a zmm; measured slowest wherever a full one fits)."""
+    full = [v for v in range(lanes, 4 * lanes + 1, lanes) if extent % v == 0]
+    return full or [v for v in range(8, lanes, 8) if extent % v == 0]
 
 
 def register_blocks(extent: int, vec: int, lanes: int, regs: int) -> list[int]:
@@ -130,8 +132,8 @@ def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_
     reg_extent, col_extent = _output_tile(sch, block)
     if col_extent % vec:
         raise ValueError(f"vector block {vec} does not divide {col_extent}")
-    blocks = register_blocks(reg_extent, vec, lanes, regs)
-    wb = sch.sample_categorical(blocks, [1.0 / len(blocks)] * len(blocks))
+    blocks = register_blocks(reg_extent, vec, lanes, regs)     # TVM's prior (first batches) favours large ones
+    wb = sch.sample_categorical(blocks, [b / sum(blocks) for b in blocks])
     reg_o, reg_i = sch.split(reg, [None, wb])
     col_o, col_v = sch.split(col, [None, vec])
     red_split = sch.sample_perfect_tile(red[-1], n=2, max_innermost_factor=64)
