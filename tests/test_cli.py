@@ -19,6 +19,8 @@ def run(*args, cwd=None):
     (["tune-op", "L8", "--target", "{not json"], "bad target JSON"),
     (["tune-op", "L8", "--strategy", "nope"], "invalid choice"),
     (["tune-op", "L8", "--resume", "--work-dir", "missing-dir"], "does not exist"),
+    (["tune-op", "L8", "--spaces", "fancy"], "invalid choice"),
+    (["tune-op", "L8", "--json", "no/such/dir/x.json"], "does not exist"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, needle):
     out = run(*args, cwd=tmp_path)

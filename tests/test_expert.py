@@ -101,3 +101,44 @@ def test_tune_op_tunes_in_the_expert_space(tmp_path, target):
     assert KnobSpace(wl.mod(), target, spaces="expert").encode(res.best_schedule.trace) is not None
     ok, err = check_numerics(wl, res.best_schedule, target)
     assert ok, err
+
+
+@pytest.mark.parametrize("spec", ["conv2d_nhwc:1,16,9,9,32,3,3,2,1", "conv2d:1,8,7,7,16,1,1,1,0",
+                                  "depthwise_nhwc:1,32,9,9,3,1,1", "linear:4,32,24", "dense:4,32,24"])
+def test_onednn_on_a_workloads_shape_computes_what_numpy_computes(spec):
+    from adaptune.model.library import workload_call
+    from adaptune.measure.verify import TOLERANCE
+
+    call, err = workload_call(get_workload(spec))
+    assert err <= TOLERANCE
+    call()
+
+
+def test_tune_op_prints_onednn_beside_the_tuned_kernel_and_writes_json(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    spec = "conv2d_nhwc:1,16,14,14,32,3,3,1,1"
+    out = subprocess.run([sys.executable, "-m", "adaptune.cli", "tune-op", spec, "--trials", "4", "--work-dir",
+                          str(tmp_path / "wd"), "--json", str(tmp_path / "r.json")], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "oneDNN, same shape" in out.stdout and "PASS" in out.stdout
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["trials"] == 4 and r["best_latency_ms"] > 0 and r["onednn_latency_ms"] > 0
+    assert r["gflops"] == pytest.approx(get_workload(spec).flops / r["best_latency_ms"] / 1e6)
+
+
+def test_the_kernels_benchmark_lists_each_shape_once():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    import kernels
+
+    every = kernels.layers(list(kernels.GROUPS))
+    assert len({(w.kind, w.shape) for w in every.values()}) == len(every)
+    assert len(kernels.GROUPS["resnet50"]) == 23
+    assert len(every) == 8 + (11 - 3) + (23 - 5) + 3    # ResNet-18 shares L6-L8; ResNet-50 five of those
+    assert all(w.packed for w in every.values())
