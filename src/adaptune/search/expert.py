@@ -129,7 +129,7 @@ def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_
     loops = sch.get_loops(block)
     spatial = len(loops) - _iter_types(sch, block).count(2)
     outer, (reg, col), red = loops[:spatial - 2], loops[spatial - 2:spatial], loops[spatial:]
-    reg_extent, col_extent = _output_tile(sch, block)
+    reg_extent, col_extent = int(sch.get(reg).extent), int(sch.get(col).extent)
     if col_extent % vec:
         raise ValueError(f"vector block {vec} does not divide {col_extent}")
     blocks = register_blocks(reg_extent, vec, lanes, regs)     # TVM's prior (first batches) favours large ones
