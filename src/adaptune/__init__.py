@@ -5,21 +5,20 @@ Heavy modules load on first use, so builder workers that unpickle ``adaptune.mea
 import os
 from importlib import import_module
 
-# A compiled model that calls PyTorch kernels (library choice) alternates PyTorch's OpenMP threads
-# and TVM's thread pool on the same cores.  libgomp's default spin (300k iterations, or forever with
-# OMP_WAIT_POLICY=ACTIVE) lets idle OpenMP threads starve TVM's kernels; PASSIVE (sleep at once)
-# makes every oneDNN call wake its threads.  A bounded spin of 100k iterations measured best with
-# both runtimes in one model (docs/decisions.md).  Must be set before torch loads libgomp; a user's
-# own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+# A compiled model runs its generated kernels and its PyTorch (oneDNN) calls on PyTorch's OpenMP
+# threads (``model/openmp.py``).  PASSIVE (sleep at once) makes every kernel wake them; a bounded
+# spin of 100k iterations measured best when TVM's pool still shared the cores with them, and keeps
+# them spinning across the microseconds between two kernels (docs/decisions.md).  Must be set
+# before torch loads libgomp; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 # TVM's own pool, unless TVM_NUM_THREADS says otherwise, takes half the logical CPUs on x86 (it
 # assumes two hardware threads per core): on a 2-vCPU machine whose vCPUs are two cores, every
 # generated kernel ran on one thread.  So TVM gets the physical cores (the host target's num-cores),
-# and its idle workers sleep at once (TVM_THREAD_POOL_SPIN_COUNT=0): spinning, they take the cores
-# from oneDNN's OpenMP threads between library calls (ResNet-18 with the library choice: 16 -> 26 ms
-# with 2 spinning TVM threads; 15-16 ms with them sleeping, and all generated 82 -> 45 ms;
-# docs/decisions.md).  Set before TVM starts its pool; measuring workers inherit both.
+# and its idle workers sleep at once (TVM_THREAD_POOL_SPIN_COUNT=0): TVM's pool measures kernels while
+# tuning and runs libraries loaded without adaptune, where spinning workers took the cores from
+# oneDNN's OpenMP threads (ResNet-18 with the library choice: 16 -> 26 ms; docs/decisions.md).  Set
+# before TVM starts its pool; measuring workers inherit both.
 if "TVM_NUM_THREADS" not in os.environ:
     import psutil
     os.environ["TVM_NUM_THREADS"] = str(psutil.cpu_count(logical=False) or os.cpu_count() or 1)

@@ -117,8 +117,8 @@ def _runner(executable, weights: list[int], spec, tensor_slots: list[int], const
     import tvm
     from torch.utils._pytree import tree_unflatten
 
-    from .model.compile import vm_leaves
-    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+    from .model.compile import virtual_machine, vm_leaves
+    vm, _ = virtual_machine(executable)
     skip = set(weights)
 
     def run(*args):

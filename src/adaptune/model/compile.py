@@ -15,10 +15,9 @@ from .._tvm import ms
 from .graph import apply_database, fuse, gpu_default_schedule, optimise
 from ..measure.verify import TOLERANCE, relative_error
 from ..measure.target import is_cuda, parse_target
-from .timing import device_exclusive, time_vm, vm_device
+from .timing import device_exclusive, time_vm, virtual_machine, vm_device  # noqa: F401  (vm_device: part of this API)
 
 import tvm
-from tvm import relax
 
 
 class NumericsError(RuntimeError):
@@ -171,8 +170,13 @@ def export(executable, path) -> Path:
 
 
 def load(path):
+    """An exported model, loaded; on the CPU its parallel loops run on PyTorch's OpenMP pool
+    (``openmp.share_pool``)."""
     from .library import calls  # noqa: F401  (registers the PyTorch kernels a compiled model may call)
-    return tvm.runtime.load_module(str(path))
+    from .openmp import share_pool
+    module = tvm.runtime.load_module(str(path))
+    share_pool(path)
+    return module
 
 
 def vm_leaves(out) -> list:
@@ -187,8 +191,7 @@ def _flatten(out) -> list[np.ndarray]:
 
 
 def run_vm(executable, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    dev = vm_device(executable)
-    vm = relax.VirtualMachine(executable, dev)
+    vm, dev = virtual_machine(executable)
     return _flatten(vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs]))
 
 

@@ -121,9 +121,7 @@ def _onnxruntime(model, inputs, skipped) -> dict:
 def _vm_runner(executable, inputs):
     """One inference of the compiled model per call, waiting for the device to finish."""
     import tvm
-    from tvm import relax
-    dev = C.vm_device(executable)
-    vm = relax.VirtualMachine(executable, dev)
+    vm, dev = C.virtual_machine(executable)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
 
     def run():

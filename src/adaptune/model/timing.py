@@ -40,11 +40,20 @@ def vm_device(executable) -> "tvm.runtime.Device":
     return tvm.cuda(0) if "cuda" in set(kinds(mod)) else tvm.cpu()
 
 
+def virtual_machine(executable):
+    """(Relax VM, device) for running ``executable``; on the CPU its parallel loops run on the OpenMP
+    pool PyTorch's library calls use (``openmp.load_shared``)."""
+    dev = vm_device(executable)
+    if str(dev) == str(tvm.cpu()) and isinstance(executable, relax.VMExecutable):
+        from .openmp import load_shared
+        executable = load_shared(executable)
+    return relax.VirtualMachine(executable, dev), dev
+
+
 def time_vm(executable, inputs, *, repeat: int = 10, min_repeat_ms: int = 200, cap_s: float | None = None) -> float:
     """Median seconds per inference (TVM's time_evaluator, after a warm-up).  ``cap_s``: when the
     repeats would take longer, the timed warm-up run is the answer (an untuned BERT takes ~25 s)."""
-    dev = vm_device(executable)
-    vm = relax.VirtualMachine(executable, dev)
+    vm, dev = virtual_machine(executable)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     t = time.perf_counter()
     vm["main"](*args)
@@ -91,8 +100,7 @@ def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
 
     Returns rows ``{"call", "group", "calls", "ms"}`` sorted by time; a call's time includes the VM's
     hand-over to it, which is what the model pays."""
-    dev = vm_device(executable)
-    vm = relax.VirtualMachine(executable, dev)
+    vm, dev = virtual_machine(executable)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     samples: dict[str, list[float]] = {}
     calls: dict[str, int] = {}

@@ -1,0 +1,134 @@
+"""One thread pool for a compiled model: its generated kernels' parallel loops run on the OpenMP
+pool that PyTorch's oneDNN calls use, instead of TVM's own pool.
+
+With two pools on the same cores, every hand-over between a generated kernel and a library call
+costs: the pool that just finished spins on the cores the other needs, or sleeps and must be woken
+(a futex wake, an inter-processor interrupt on a VM) before the next kernel starts.  TVM's compiled
+code calls its parallel launcher through a function pointer the library holds
+(``__TVMBackendParallelLaunch``, filled in when the library loads); we point it at a ten-line
+launcher built on OpenMP, so a model's generated and library kernels share one set of threads and
+one spin policy (``GOMP_SPINCOUNT``, see ``adaptune/__init__.py``).
+
+The launcher is compiled once with the C compiler TVM's ``export_library`` uses, linked against the
+libgomp PyTorch has loaded (same soname: one runtime, one pool), and cached.  Where no compiler is
+found, models keep TVM's pool and one warning line says so.  A library whose kernels use TVM's
+parallel barrier keeps TVM's pool (OpenMP's barrier semantics differ when tasks outnumber threads).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+LAUNCH, BARRIER = "__TVMBackendParallelLaunch", "__TVMBackendParallelBarrier"
+
+# TVM's FTVMParallelLambda contract (c_backend_api.h): task ``i`` of ``num_task`` gets its share of
+# the loop; num_task 0 means "as many as the pool has threads".
+SOURCE = r"""
+#include <omp.h>
+#include <stdint.h>
+#include <stddef.h>
+typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
+typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
+int adaptune_parallel_launch(FTVMParallelLambda flambda, void* cdata, int num_task) {
+  int n = num_task > 0 ? num_task : omp_get_max_threads();
+  int err = 0;
+  TVMParallelGroupEnv env = {NULL, n};
+  #pragma omp parallel num_threads(n)
+  {
+    int nt = omp_get_num_threads();
+    for (int i = omp_get_thread_num(); i < n; i += nt) {
+      if (flambda(i, &env, cdata) != 0) {
+        #pragma omp atomic write
+        err = -1;
+      }
+    }
+  }
+  return err;
+}
+"""
+
+_launcher = None                 # the loaded launcher (ctypes), False once building it failed
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "adaptune"
+
+
+def launcher():
+    """The OpenMP launcher's address (an int), building it on first use; None where it cannot be built."""
+    global _launcher
+    if _launcher is None:
+        import torch  # noqa: F401  (loads PyTorch's libgomp first, so the launcher binds to that runtime)
+        digest = hashlib.sha256((SOURCE + sys.platform).encode()).hexdigest()[:12]
+        path = _cache_dir() / f"omp_launch-{digest}.so"
+        try:
+            if not path.is_file():
+                _build(path)
+            _launcher = ctypes.CDLL(str(path))
+        except Exception as e:  # noqa: BLE001 - no compiler or no libgomp: keep TVM's pool
+            print(f"adaptune: warning: cannot build the OpenMP launcher ({' '.join(str(e).split())[:160]}); "
+                  "compiled models use TVM's thread pool", file=sys.stderr)
+            _launcher = False
+    if not _launcher:
+        return None
+    return ctypes.cast(_launcher.adaptune_parallel_launch, ctypes.c_void_p).value
+
+
+def _build(path: Path) -> None:
+    """Compile ``SOURCE`` into ``path`` atomically (a concurrent process may build it too)."""
+    from tvm.support import cc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as d:
+        src = Path(d) / "launch.c"
+        src.write_text(SOURCE)
+        out = Path(d) / path.name
+        cc.create_shared(str(out), [str(src)], options=["-O2", "-fopenmp"], cc=os.environ.get("CC", "gcc"))
+        os.replace(out, path)
+
+
+def share_pool(library_path) -> bool:
+    """Point the loaded library at ``library_path``'s parallel launches at the OpenMP launcher.
+    Call it after TVM has loaded the library (TVM fills the pointer at load time).  Returns whether
+    the library now runs on the OpenMP pool."""
+    lib = ctypes.CDLL(str(library_path))            # the handle TVM's dlopen got: same path, same mapping
+    try:
+        slot = ctypes.c_void_p.in_dll(lib, LAUNCH)
+    except ValueError:
+        return False                                # no parallel loop at all
+    try:
+        ctypes.c_void_p.in_dll(lib, BARRIER)
+        return False
+    except ValueError:
+        pass
+    address = launcher()
+    if address is None:
+        return False
+    slot.value = address
+    return True
+
+
+def load_shared(executable):
+    """``executable`` (a CPU Relax VM executable) exported, loaded and running on the OpenMP pool;
+    the executable itself where that is not possible.  Cached on the executable: one export each."""
+    module = getattr(executable, "_adaptune_shared_pool", None)
+    if module is not None:
+        return module
+    module = executable
+    if launcher() is not None:
+        import tvm
+        from .library import calls  # noqa: F401  (the PyTorch kernels the model may call)
+        with tempfile.TemporaryDirectory() as d:     # removing the file leaves the loaded mapping
+            path = Path(d) / "model.so"
+            executable.export_library(str(path))
+            loaded = tvm.runtime.load_module(str(path))
+            if share_pool(path):
+                module = loaded
+    try:
+        executable._adaptune_shared_pool = module
+    except AttributeError:
+        pass
+    return module

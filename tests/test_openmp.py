@@ -1,0 +1,99 @@
+"""The OpenMP launcher a compiled model's parallel loops run on (``model.openmp``): every task runs
+once, errors propagate, a model on it computes what it computes on TVM's pool, and a library that
+uses TVM's barrier or a machine without a compiler keeps TVM's pool."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I, relax as R, tirx as T
+
+from adaptune.model import compile as C
+from adaptune.model import openmp
+
+
+class Env(ctypes.Structure):
+    _fields_ = [("sync_handle", ctypes.c_void_p), ("num_task", ctypes.c_int32)]
+
+
+LAMBDA = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(Env), ctypes.c_void_p)
+LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, LAMBDA, ctypes.c_void_p, ctypes.c_int)
+
+
+@pytest.mark.parametrize("num_task", [0, 1, 2, 7])
+def test_the_launcher_runs_every_task_once_and_reports_errors(num_task):
+    launch = LAUNCH(openmp.launcher())
+    seen = []
+
+    def task(i, env, _):
+        seen.append((i, env.contents.num_task))
+        return -1 if i == 1 else 0
+
+    rc = launch(LAMBDA(task), None, num_task)
+    n = num_task or len({i for i, _ in seen})
+    assert sorted(i for i, _ in seen) == list(range(n)) and {k for _, k in seen} == {n}
+    assert rc == (-1 if n > 1 else 0)
+
+
+@I.ir_module
+class Parallel:
+    @T.prim_func
+    def scale(x: T.Buffer((64, 256), "float32"), y: T.Buffer((64, 256), "float32")):
+        for i in T.parallel(64):
+            for j in T.vectorized(256):
+                y[i, j] = x[i, j] * T.float32(2) + T.Cast("float32", i)
+
+    @R.function
+    def main(x: R.Tensor((64, 256), "float32")) -> R.Tensor((64, 256), "float32"):
+        cls = Parallel
+        y = R.call_tir(cls.scale, (x,), out_ty=R.Tensor((64, 256), "float32"))
+        return y
+
+
+def test_a_compiled_model_runs_on_the_openmp_pool_with_the_same_result(tmp_path):
+    ex = tvm.compile(Parallel, target="llvm")
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype("float32")
+    want = x * 2 + np.arange(64, dtype="float32")[:, None]
+    tvm_pool = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(tvm_pool, want, rtol=1e-6)
+    np.testing.assert_allclose(C.run_vm(ex, [x])[0], want, rtol=1e-6)
+    assert ex._adaptune_shared_pool is not ex                  # run_vm went through the OpenMP launcher
+    path = C.export(ex, tmp_path / "m.so")
+    lib = C.load(path)                                          # an exported model: patched on load
+    slot = ctypes.c_void_p.in_dll(ctypes.CDLL(str(path)), openmp.LAUNCH)
+    assert slot.value == openmp.launcher()
+    np.testing.assert_allclose(C.run_vm(lib, [x])[0], want, rtol=1e-6)
+
+
+def _fake_library(tmp_path, name, symbols):
+    from tvm.support import cc
+    src = tmp_path / f"{name}.c"
+    src.write_text("".join(f"void* {s} = 0;\n" for s in symbols))
+    out = tmp_path / f"{name}.so"
+    cc.create_shared(str(out), [str(src)], cc="gcc")
+    return out
+
+
+def test_a_library_using_tvms_barrier_keeps_tvms_pool(tmp_path):
+    plain = _fake_library(tmp_path, "plain", [openmp.LAUNCH])
+    assert openmp.share_pool(plain)
+    assert ctypes.c_void_p.in_dll(ctypes.CDLL(str(plain)), openmp.LAUNCH).value == openmp.launcher()
+    barrier = _fake_library(tmp_path, "barrier", [openmp.LAUNCH, openmp.BARRIER])
+    assert not openmp.share_pool(barrier)
+    assert not ctypes.c_void_p.in_dll(ctypes.CDLL(str(barrier)), openmp.LAUNCH).value
+    assert not openmp.share_pool(_fake_library(tmp_path, "serial", ["unrelated"]))
+
+
+def test_without_a_compiler_models_keep_tvms_pool_with_one_warning(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(openmp, "_launcher", None)
+    assert openmp.launcher() is None and openmp.launcher() is None
+    assert capsys.readouterr().err.count("cannot build the OpenMP launcher") == 1
+    ex = tvm.compile(Parallel, target="llvm")
+    x = np.ones((64, 256), "float32")
+    np.testing.assert_allclose(C.run_vm(ex, [x])[0], np.broadcast_to(2 + np.arange(64, dtype="float32")[:, None], x.shape))
+    assert ex._adaptune_shared_pool is ex
