@@ -179,17 +179,19 @@ def test_the_final_build_is_the_fastest_whole_model_even_when_the_per_chain_choi
     monkeypatch.setattr(L, "plan", lambda *a: [
         L.Choice(op, 1, 1e-6, 1e-3) if op.kind == "conv2d" else L.Choice(op, 1, 1e-3, 1e-6)
         for op in L.find_ops(optimise(block.mod))])
-    order = []
+    order, calls = [], []
 
     def fake_time(ex, inputs, **_):             # builds are timed in order: generated, library, choice
         if id(ex) not in order:
             order.append(id(ex))
+        calls.append(order.index(id(ex)))
         return [1.0, 3.0, 5.0, 4.0, 6.0][order.index(id(ex))]
     monkeypatch.setattr(C, "time_vm", fake_time)
     best = C.build_best(block, db, target, rounds=2)
     assert [b.name for b in best.builds] == ["generated", "library", "choice", "library, serial glue",
                                              "choice, serial glue"]
     assert best.best.name == "generated" and best.best.seconds == 1.0
+    assert [calls.count(i) for i in range(5)] == [6, 6, 2, 2, 2]      # 2 rounds, then a run-off of the two fastest
     assert all(b.error < 1e-4 for b in best.builds)
     assert len(best.builds[1].library) == 4 and len(best.builds[2].library) == 3
     assert [(b.library, b.serial) for b in best.builds[3:]] == [(best.builds[1].library, True),

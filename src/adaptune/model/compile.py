@@ -117,8 +117,8 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
                library_times: dict | None = None) -> BestBuild:
     """Build the model all generated, with every chain oneDNN can run on oneDNN, and with the
     per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check each
-    against the reference; time them alternating, ``rounds`` times; keep the fastest (the final
-    model is never slower than either extreme).  ``library_times``: the chains' library timings this
+    against the reference; time them alternating, ``rounds`` times, then the two fastest ``2 * rounds``
+    times more; keep the fastest (the final model is never slower than either extreme).  ``library_times``: the chains' library timings this
     run has measured already (``tune_model``'s), reused."""
     from .library import chosen, eligible, plan
     target = parse_target(target)
@@ -148,12 +148,19 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
             print(f"adaptune: warning: the {name} build fails ({' '.join(str(e).split())[:160]}); left out",
                   file=sys.stderr)
     times = {b.name: [] for b in builds}
-    with device_exclusive():
-        for _ in range(rounds):
-            for b in builds:
+
+    def race(contenders, n):
+        for _ in range(n):
+            for b in contenders:
                 times[b.name].append(time_vm(b.executable, inputs, repeat=5, min_repeat_ms=100))
-    for b in builds:
-        b.seconds = float(np.median(times[b.name]))
+        for b in contenders:
+            b.seconds = float(np.median(times[b.name]))
+
+    with device_exclusive():
+        race(builds, rounds)
+        # A run-off between the two fastest, twice as many rounds: on a noisy machine a few rounds
+        # do not separate builds 10-20% apart (docs/decisions.md, 2026-11-27 night).
+        race(sorted(builds, key=lambda b: b.seconds)[:2] if len(builds) > 1 else [], 2 * rounds)
     return BestBuild(min(builds, key=lambda b: b.seconds), builds, choices)
 
 
