@@ -118,8 +118,9 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     """Build the model all generated, with every chain oneDNN can run on oneDNN, and with the
     per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check each
     against the reference; time them alternating, ``rounds`` times, then the two fastest ``2 * rounds``
-    times more; keep the fastest (the final model is never slower than either extreme).  ``library_times``: the chains' library timings this
-    run has measured already (``tune_model``'s), reused."""
+    times more; keep the fastest (the final model is never slower than either extreme).
+    ``library_times``: the chains' library timings this run has measured already (``tune_model``'s),
+    reused."""
     from .library import chosen, eligible, plan
     target = parse_target(target)
     inputs = inputs if inputs is not None else model.example_inputs()
@@ -160,7 +161,8 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
         race(builds, rounds)
         # A run-off between the two fastest, twice as many rounds: on a noisy machine a few rounds
         # do not separate builds 10-20% apart (docs/decisions.md, 2026-11-27 night).
-        race(sorted(builds, key=lambda b: b.seconds)[:2] if len(builds) > 1 else [], 2 * rounds)
+        if len(builds) > 1:
+            race(sorted(builds, key=lambda b: b.seconds)[:2], 2 * rounds)
     return BestBuild(min(builds, key=lambda b: b.seconds), builds, choices)
 
 
@@ -179,11 +181,8 @@ def export(executable, path) -> Path:
 def load(path):
     """An exported model, loaded; on the CPU its parallel loops run on PyTorch's OpenMP pool
     (``openmp.share_pool``)."""
-    from .library import calls  # noqa: F401  (registers the PyTorch kernels a compiled model may call)
-    from .openmp import share_pool
-    module = tvm.runtime.load_module(str(path))
-    share_pool(path)
-    return module
+    from . import openmp
+    return openmp.load(path)[0]
 
 
 def vm_leaves(out) -> list:

@@ -111,6 +111,15 @@ def share_pool(library_path) -> bool:
     return True
 
 
+def load(path):
+    """An exported model loaded with TVM, its parallel launches pointed at the OpenMP launcher where
+    possible: (module, whether it runs on the OpenMP pool)."""
+    import tvm
+    from .library import calls  # noqa: F401  (registers the PyTorch kernels a compiled model may call)
+    module = tvm.runtime.load_module(str(path))
+    return module, share_pool(path)
+
+
 def load_shared(executable):
     """``executable`` (a CPU Relax VM executable) exported, loaded and running on the OpenMP pool;
     the executable itself where that is not possible.  Cached on the executable: one export each."""
@@ -119,13 +128,11 @@ def load_shared(executable):
         return module
     module = executable
     if launcher() is not None:
-        import tvm
-        from .library import calls  # noqa: F401  (the PyTorch kernels the model may call)
         with tempfile.TemporaryDirectory() as d:     # removing the file leaves the loaded mapping
             path = Path(d) / "model.so"
             executable.export_library(str(path))
-            loaded = tvm.runtime.load_module(str(path))
-            if share_pool(path):
+            loaded, shared = load(path)
+            if shared:
                 module = loaded
     try:
         executable._adaptune_shared_pool = module
