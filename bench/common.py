@@ -58,12 +58,14 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout=30.0, build_workers=None) -> Run:
+def run_adaptune(wl, target, strategy, trials, batch, out: Path, seed=0, timeout=30.0, build_workers=None,
+                 on_progress=None) -> Run:
     wd = out / f"{wl.label}-{strategy}"
     shutil.rmtree(wd, ignore_errors=True)
     strat = make_strategy(strategy)
     res = tune_tir(wl.mod(), target, strategy=strat, trials=trials, batch_size=batch, work_dir=wd, seed=seed,
-                   measurer=Measurer(target, timeout=timeout, build_workers=build_workers), label=wl.label)
+                   measurer=Measurer(target, timeout=timeout, build_workers=build_workers), label=wl.label,
+                   on_progress=on_progress)
     ok, _ = check_numerics(wl, res.best_schedule, target)
     iters = 1 + len(getattr(strat, "log", [])) if hasattr(strat, "log") else -(-res.trials // batch)
     steps = [e["steps"] for e in getattr(strat, "log", [])] or list(getattr(strat, "steps_taken", []))

@@ -17,16 +17,19 @@
 #
 # stage2 installs the wheels into /tmp/site, prints the GPU and checks that TVM compiles CUDA there,
 # then runs the STEPs (default: paper); `run` runs STEPs on that install.  STEPs run one after the
-# other (PARALLEL=1: side by side); every kernel run and model timing holds one lock file
+# other (PARALLEL=1: side by side; STEP@CPUS, e.g. paper@0-9 e2e@10-15, runs that step on those cores
+# alone, TVM_NUM_THREADS to match, beside the other pinned steps); every kernel run and model timing holds one lock file
 # (ADAPTUNE_DEVICE_LOCK), so GPU timings never overlap while builds and searches do:
 #   tests   tests/test_cuda.py (its GPU tests run there instead of skipping)
 #   tune-op adaptune tune-op L8 --target cuda --trials 16
 #   paper   bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128 --strategies rl+as --jobs 8
 #   e2e     bench/e2e.py --target cuda --models resnet18 --trials E2E_TRIALS (default 160)
 # Each step's log, the paper's plots and e2e.json go to $OUT; STEP_TIMEOUT (s, default 540) bounds each.
-# The issue's check within one session's 15 device minutes: run 1, `stage2 paper`, then `run e2e`
-# (docs/cuda.md has what the 2026-11-27 session learnt running all three steps side by side).
+# paper resumes: a later `run paper` on the same warm machine tunes only the runs not yet finished.
+# ResNet-18 end to end passed its target on 2026-11-27 (docs/cuda.md); what is left is the paper's
+# table: run 1, `stage2 paper` (540 s), then at once `run paper` with the time left.
 set -euo pipefail
+shopt -s extglob
 
 TVM=apache-tvm==0.27.0.post1
 WHEELS=(apache-tvm-ffi==0.1.14.post1 xgboost-cpu==3.2.0)   # the other needs are on the machine
@@ -59,6 +62,8 @@ stage1)   # there, call 1: keep part 1 and the small wheels outside the repo
     cp .gpu/w1/* "$STASH/"
     nvidia-smi -L
     python3 --version
+    lscpu | grep -E '^(CPU\(s\)|On-line|Thread|Core|Socket|Model name)'
+    command -v taskset
     ls -la "$STASH"
     ;;
 stage2|run)   # there: stage2 = call 2 (within ~30 s of call 1); run = any later call while warm
@@ -85,18 +90,23 @@ stage2|run)   # there: stage2 = call 2 (within ~30 s of call 1); run = any later
     limit=${STEP_TIMEOUT:-540}
     set +e
     pids=()
-    for step in $steps; do
+    for spec in $steps; do
+        step=${spec%%@*}
+        cpus=${spec#"$step"}; cpus=${cpus#@}
         case $step in
         tests)   cmd=(python3 -m pytest -q -rs -s tests/test_cuda.py) ;;
         tune-op) cmd=(python3 -m adaptune.cli tune-op L8 --target cuda --trials 16 --work-dir /tmp/l8-cuda) ;;
         paper)   cmd=(python3 bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128 --strategies rl+as
-                      --jobs 8 --out /tmp/paper) ;;
+                      --jobs 8 --out /tmp/paper --resume) ;;
         e2e)     cmd=(python3 bench/e2e.py --target cuda --models resnet18 --trials "${E2E_TRIALS:-160}"
                       --rounds 5 --out /tmp/e2e) ;;
         *)       echo "unknown step $step"; continue ;;
         esac
+        if [[ $cpus ]]; then   # STEP@CPUS: on those cores only, beside the other pinned steps
+            cmd=(env TVM_NUM_THREADS="$(taskset -c "$cpus" nproc)" taskset -c "$cpus" "${cmd[@]}")
+        fi
         echo "$(date +%T) $step: ${cmd[*]}"
-        if [[ ${PARALLEL:-0} = 1 ]]; then
+        if [[ ${PARALLEL:-0} = 1 || $cpus ]]; then
             (timeout "$limit" "${cmd[@]}" >"$out/$step.log" 2>&1; echo "$step exit: $?" >>"$out/$step.log") &
             pids+=($!)
         else
@@ -104,7 +114,7 @@ stage2|run)   # there: stage2 = call 2 (within ~30 s of call 1); run = any later
         fi
     done
     [[ ${#pids[@]} = 0 ]] || wait "${pids[@]}"
-    for step in $steps; do echo "=== $step"; grep -v "INFO\|DEBUG\|^ \|^--\|^Total\|^$" "$out/$step.log" | tail -n 70; done
+    for step in ${steps//@+([0-9,-])/}; do echo "=== $step"; grep -v "INFO\|DEBUG\|^ \|^--\|^Total\|^$" "$out/$step.log" | tail -n 70; done
     cp /tmp/paper/L*.png /tmp/e2e/e2e.json "$out/" 2>/dev/null
     ;;
 *)

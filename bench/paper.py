@@ -9,6 +9,7 @@ on the paper's layers L1-L8, same budget, same build function and runner, one ru
     python bench/paper.py --target '{"kind": "llvm", "mcpu": "haswell"}'   # AVX2 code on this host
     python bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128  # the visible NVIDIA GPU
     python bench/paper.py --target cuda --jobs 8   # 8 runs at a time; kernel runs take turns on the GPU
+    python bench/paper.py ... --resume     # after a stop: reuse the runs already finished (OUT/runs)
 
 Writes one PNG per layer (best GFLOPS against measurements and against wall time, like the paper's
 Fig. 9/12-14) to --out, and prints: per strategy and layer, measurements and wall time to reach
@@ -20,6 +21,8 @@ numpy before its numbers are printed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import multiprocessing
 import os
@@ -35,7 +38,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from common import geomean, run_adaptune, run_ms_evolutionary  # noqa: E402
+from common import Run, geomean, run_adaptune, run_ms_evolutionary  # noqa: E402
 
 from adaptune._tvm import tvm  # noqa: E402
 from adaptune.measure.target import TargetError, check_runnable, is_cuda, parse_target  # noqa: E402
@@ -47,13 +50,32 @@ STRATEGIES = ["sa", "rl", "sa+as", "rl+as", "random"]
 MS = "ms-evolutionary"
 
 
-def run_one(job, target, trials, batch, out: Path, seed, build_workers=None):
-    """One run: ``job`` = (layer, strategy), the strategy an adaptune one or ``MS``."""
+def run_one(job, target, trials, batch, out: Path, seed, build_workers=None, resume=False):
+    """One run: ``job`` = (layer, strategy), the strategy an adaptune one or ``MS``.  Its result is
+    saved as soon as it is in (``out/runs``), so a run stopped part way keeps the finished ones;
+    ``resume`` reuses a saved result of the same run (target, trials, batch, seed) instead of tuning."""
     layer, strategy = job
+    saved = out / "runs" / f"{layer}-{strategy}-seed{seed}.json"
+    key = {"target": str(target), "trials": trials, "batch": batch, "seed": seed}
+    if resume and saved.exists():
+        data = json.loads(saved.read_text())
+        if data.pop("key") == key:
+            print(f"{layer} {strategy}: reusing {saved}", flush=True)
+            return Run(**data)
     wl = get_workload(layer)
     if strategy == MS:
-        return run_ms_evolutionary(wl, target, trials, batch, out, seed, build_workers=build_workers)
-    return run_adaptune(wl, target, strategy, trials, batch, out, seed, build_workers=build_workers)
+        run = run_ms_evolutionary(wl, target, trials, batch, out, seed, build_workers=build_workers)
+    else:
+        run = run_adaptune(wl, target, strategy, trials, batch, out, seed, build_workers=build_workers,
+                           on_progress=lambda done, n, best: done % 32 == 0 and print(
+                               f"  {layer} {strategy}: {done}/{n} measured, best "
+                               f"{best * 1e3 if best else float('nan'):.4f} ms", flush=True))
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    tmp = saved.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, **dataclasses.asdict(run)}))
+    tmp.replace(saved)
+    print(f"{layer} {strategy}: done, best {run.best * 1e3:.4f} ms, wall {run.wall:.0f} s", flush=True)
+    return run
 
 
 def _quiet_tvm() -> None:
@@ -163,6 +185,8 @@ def main() -> None:
                     help="runs (a layer with one strategy) at once, in worker processes, the build workers shared "
                          "out among them; their kernel runs take turns on the device (a file lock, "
                          "ADAPTUNE_DEVICE_LOCK, default OUT/.device.lock)")
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse the runs a stopped invocation finished (OUT/runs), tune only the others")
     args = ap.parse_args()
     trials = args.trials or (64 if args.quick else 256)
     batch = 16 if trials <= 64 else 64
@@ -181,7 +205,10 @@ def main() -> None:
     pool, workers = None, None
     if args.jobs > 1:
         os.environ.setdefault("ADAPTUNE_DEVICE_LOCK", str(out.resolve() / ".device.lock"))   # workers inherit it
-        workers = max(2, (os.cpu_count() or 2) // args.jobs)
+        workers = max(2, len(os.sched_getaffinity(0)) // args.jobs)   # the cores this run may use
+        # each job's own thread pools (TVM's, PyTorch's and XGBoost's OpenMP) get the same share: N
+        # jobs each spinning up every core's worth of threads left the cores oversubscribed
+        os.environ["TVM_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(workers)
         print(f"{args.jobs} jobs: the (layer, strategy) runs in parallel, {workers} build workers each, kernel runs "
               f"serialised with the lock {os.environ['ADAPTUNE_DEVICE_LOCK']} (wall times include waiting for it)",
               flush=True)
@@ -193,7 +220,7 @@ def main() -> None:
                 print(f"\n=== seed {seed} ===", flush=True)
             table = {}
             one = partial(run_one, target=target, trials=trials, batch=batch, out=out, seed=seed,
-                          build_workers=workers)
+                          build_workers=workers, resume=args.resume)
             names = args.strategies + [MS]
             jobs = [(layer, s) for layer in args.layers for s in names]
             done = iter((pool.map if pool else map)(one, jobs))

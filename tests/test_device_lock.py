@@ -1,5 +1,7 @@
 """Measurements of several tuning processes sharing one device take turns (ADAPTUNE_DEVICE_LOCK)."""
+import dataclasses
 import fcntl
+import json
 import os
 import pickle
 import subprocess
@@ -183,3 +185,20 @@ def test_paper_bench_has_jobs_and_its_runs_pickle():
         sys.path.remove(str(ROOT / "bench"))
     run = Run("rl+as", "L2", [(1, 0.5, 1e-3)], 1e-3, 2.0, 0.5, 1, True, [3], 0.1)
     assert pickle.loads(pickle.dumps(run)) == run
+
+
+def test_paper_bench_resumes_a_finished_run_and_saves_each_as_it_ends(tmp_path):
+    """A stopped paper.py keeps its finished runs (OUT/runs) and --resume reuses exactly those."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import paper
+        from common import Run
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    run = Run("rl+as", "L2", [[1, 0.5, 1e-3]], 1e-3, 2.0, 0.5, 1, True, [3], 0.1)
+    key = {"target": "T", "trials": 8, "batch": 4, "seed": 0}
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "L2-rl+as-seed0.json").write_text(json.dumps({"key": key, **dataclasses.asdict(run)}))
+    assert paper.run_one(("L2", "rl+as"), "T", 8, 4, tmp_path, 0, resume=True) == run
+    with pytest.raises(Exception):          # another budget: not reused, so it tunes (and "T" is no target)
+        paper.run_one(("L2", "rl+as"), "T", 16, 4, tmp_path, 0, resume=True)

@@ -128,7 +128,7 @@ class WarmBuilder:
 
     def __init__(self, *, max_workers: int | None = None, timeout: float = 30.0, recycle: int = 64,
                  linked: bool = False):
-        self.max_workers = max_workers or os.cpu_count() or 1
+        self.max_workers = max_workers or len(os.sched_getaffinity(0))   # the cores this process may use
         self.timeout, self.recycle, self.linked = timeout, recycle, linked
         self._pool: GcSafePool | None = None
 
