@@ -64,6 +64,23 @@ def test_any_action_sequence_generates_correct_code(actions, conv):
     assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0    # raises if built code is wrong
 
 
+def test_register_block_keeps_a_dense_output_tile_that_fits_the_register_file():
+    """LoopNest's back end: the innermost loops whose output tile fits the registers accumulate in a
+    local buffer, the unit-stride loop vectorised; right on sizes the tile does not divide."""
+    con = matmul(100, 150, 200)
+    nest = LoopNest.initial(con).apply("down").apply("swap_down").apply("split_4")   # i, k, j 38 (tail 2), j 4
+    assert [lp.extent for lp in nest.loops] == [100, 200, 38, 4] and nest.loops[2].tail == 2
+    assert nest.register_block(lanes=16, regs=32) == 1     # AVX-512: a row of 152 floats, 10 zmm, over all of k
+    assert nest.register_block(lanes=8, regs=16) == 3      # AVX2: 19 ymm do not fit; the 4-wide loop does
+    script = nest.schedule().mod.script()
+    assert '"local"' in script and "T.vectorized" in script
+    assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0      # raises if the result is wrong
+    # an inner part of i's split chain outside the block: the tile would be strided, so the block stops
+    strided = LoopNest.initial(matmul(24, 20, 12)).apply("split_4").apply("swap_down")  # i 4 (step 1), i 6, j, k
+    assert strided.register_block(lanes=16, regs=32) == 2
+    assert Evaluator(strided.contraction, repeat=1, warmup=1).seconds(strided) > 0
+
+
 def fake_score(delay=0.0):
     """A deterministic synthetic GFLOPS surface: more loops and j innermost score higher."""
     seen = []

@@ -54,7 +54,7 @@ class Evaluator:
         from .._tvm import tvm
         from ..measure.verify import TOLERANCE, relative_error
         try:
-            ex = tvm.compile(nest.schedule().mod, self.target)
+            ex = tvm.compile(nest.schedule(self.target).mod, self.target)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the search goes on
             raise NestError(f"nest did not build: {str(e).splitlines()[-1][:200]}") from e
         fn = ex["main"]

@@ -228,13 +228,50 @@ class LoopNest:
             enclosing *= lp.extent
         return np.asarray(rows, dtype=np.int64)
 
-    # ---- code generation -------------------------------------------------------------------
-    def schedule(self):
-        """The nest as a TVM schedule, with the hardware-specific finishing LoopNest applies on
-        its own: the innermost loop vectorised when it is unit-stride on the output, the outermost
-        parallelised when it is an output loop, the output initialisation split off."""
+    # ---- code generation (LoopNest's back end, appendix A) ----------------------------------
+    def register_block(self, lanes: int, regs: int) -> int:
+        """Where the register block starts: the index of the outermost loop of the largest innermost
+        run of loops whose output tile is dense (each output dimension's loops in it are the innermost
+        of its split chain) and fits the vector register file (``regs`` registers of ``lanes`` floats,
+        four kept for operands).  Reduction loops add nothing to the tile, so the block takes
+        them in and its tile stays in registers for their whole extent; ``len(loops)`` if even the
+        innermost loop's tile does not fit."""
+        con, spans = self.contraction, {}
+        vec = self.vector_dim()
+        start = len(self.loops)
+        for i in range(len(self.loops) - 1, -1, -1):
+            lp = self.loops[i]
+            if lp.dim not in con.reduce:
+                if self.step(lp) != spans.get(lp.dim, 1):
+                    break   # the tile would be strided (an inner part of the chain is outside the block)
+                spans[lp.dim] = spans.get(lp.dim, 1) * lp.extent
+            tile = math.prod(-(-n // lanes) if d == vec and self._unit_in(d, self.loops[i:]) else n
+                             for d, n in spans.items())
+            if tile > regs - 4:
+                break
+            start = i
+        return start
+
+    def vector_dim(self) -> str | None:
+        """The output dimension the output is unit-stride in (matmul's j, convolution's x)."""
+        return next((d for d in self.contraction.dims if self.contraction.write.stride(d) == 1
+                     and d not in self.contraction.reduce), None)
+
+    def _unit_in(self, dim: str, loops) -> bool:
+        """Whether ``loops`` hold ``dim``'s step-1 loop (the one a vector can run along)."""
+        return any(lp.dim == dim and self.step(lp) == 1 for lp in loops)
+
+    def schedule(self, target=None):
+        """The nest as a TVM schedule, finished as LoopNest finishes it: the agent's loop order and
+        splits stay; the innermost block whose output tile fits the register file (``register_block``)
+        accumulates in a local buffer (registers) over its reduction loops, its reduction loops
+        outside its output loops, which are unrolled, the step-1 loop of the unit-stride output
+        dimension innermost and vectorised; the outermost loop runs parallel when it is an output loop."""
         from .._tvm import s_tir
+        from ..measure.target import host_target
+        from ..search.expert import vector_isa
         con = self.contraction
+        lanes, regs = vector_isa(target if target is not None else host_target())
         sch = s_tir.Schedule(con.te_func())
         block = sch.get_sblock("C")
         rvs = dict(zip(con.dims, sch.get_loops(block)))
@@ -243,14 +280,33 @@ class LoopNest:
             chain = self._chain(dim)
             parts = sch.split(rvs[dim], factors=[lp.extent for lp in chain]) if len(chain) > 1 else [rvs[dim]]
             by_loop.update(zip(chain, parts))
-        order = [by_loop[lp] for lp in self.loops]
-        sch.reorder(*order)
-        inner, outer = self.loops[-1], self.loops[0]
-        if inner.dim not in con.reduce and con.write.stride(inner.dim) == 1 and inner.extent > 1:
-            sch.vectorize(order[-1])
-        if outer.dim not in con.reduce and outer.extent > 1:
-            sch.parallel(order[0])
-        sch.decompose_reduction(block, order[self.first_reduction()])
+        start = self.register_block(lanes, regs)
+        outer, inner = list(self.loops[:start]), list(self.loops[start:])
+        vec = self.vector_dim()
+        unit = [lp for lp in inner if lp.dim == vec and self.step(lp) == 1]
+        tile = [lp for lp in inner if lp.dim not in con.reduce and lp not in unit]
+        reduce = [lp for lp in inner if lp.dim in con.reduce]
+        order = outer + reduce + tile + unit
+        sch.reorder(*(by_loop[lp] for lp in order))
+        first_reduction = next(i for i, lp in enumerate(order) if lp.dim in con.reduce)
+        if reduce and tile + unit:
+            # the tile's accumulators: a local buffer written back after the block's reductions
+            write = sch.cache_write(block, 0, "local")
+            if outer:
+                sch.reverse_compute_at(write, by_loop[outer[-1]], preserve_unit_loops=True)
+            wloops = sch.get_loops(write)
+            if unit and unit[0].extent > 1:
+                sch.vectorize(wloops[-1])
+        for lp in tile:
+            if lp.extent > 1:
+                sch.unroll(by_loop[lp])
+        if unit and unit[0].extent > 1:
+            sch.vectorize(by_loop[unit[0]])
+        if outer and outer[0].dim not in con.reduce and outer[0].extent > 1:
+            sch.parallel(by_loop[outer[0]])
+        init = sch.decompose_reduction(block, by_loop[order[first_reduction]])
+        if unit and unit[0].extent > 1 and first_reduction < len(outer) + len(reduce):
+            sch.vectorize(sch.get_loops(init)[-1])
         return sch
 
     def render(self) -> str:
