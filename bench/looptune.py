@@ -2,7 +2,8 @@
 
 For each matmul: the untuned nest, the shipped policy (its time to choose, then its nest
 measured), numpy's BLAS, and on the first ``--search-count`` of them each classic search with its
-time limit and TVM MetaSchedule's stock evolutionary search with a small trial budget.  Every nest
+time limit, and on the first ``--ms-count`` TVM MetaSchedule's stock evolutionary search at 16
+and 64 trials.  Every nest
 was checked against numpy when it was built.  Prints, per method, how many matmuls it ran, the
 median and the 25-75 % spread of the speedup over the untuned nest, median GFLOPS, median seconds
 to schedule, and the median ratio to numpy.  The paper's setting is ``--count 50 --time-limit 60``
@@ -39,7 +40,9 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", default=str(WEIGHTS), help="policy weights (default: the shipped ones)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per search and matmul")
     ap.add_argument("--searches", default=",".join(SEARCHES))
-    ap.add_argument("--ms-trials", type=int, default=16, help="TVM evolutionary trials per matmul (0: skip)")
+    ap.add_argument("--ms-trials", type=int, nargs="*", default=[16, 64],
+                    help="TVM evolutionary trial budgets per matmul (none: skip)")
+    ap.add_argument("--ms-count", type=int, default=3, help="of the searches' matmuls, how many TVM runs on")
     ap.add_argument("--out", default="bench/out/looptune")
     args = ap.parse_args(argv)
     target, out = host_target(), Path(args.out)
@@ -66,13 +69,13 @@ def main(argv=None) -> int:
             res = SEARCHES[name](start, ev, time_limit=args.time_limit)
             rows.append((con.name, name, res.gflops, res.seconds))
             line.append(f"{name} {res.gflops:.1f}")
-        if args.ms_trials:
+        for trials in args.ms_trials if idx < args.ms_count else []:
             (_, m), (_, n), (_, k) = con.sizes
-            run = run_ms_evolutionary(get_workload(f"matmul:{m},{n},{k}"), target, args.ms_trials, 8, out)
+            run = run_ms_evolutionary(get_workload(f"matmul:{m},{n},{k}"), target, trials, 8, out)
             if not run.numerics_ok:
                 raise SystemExit(f"{con.name}: TVM's kernel failed the numerical check")
-            rows.append((con.name, f"tvm-evolutionary-{args.ms_trials}", con.flops / run.best / 1e9, run.wall))
-            line.append(f"tvm {rows[-1][2]:.1f}")
+            rows.append((con.name, f"tvm-evolutionary-{trials}", con.flops / run.best / 1e9, run.wall))
+            line.append(f"tvm-{trials} {rows[-1][2]:.1f}")
         print(", ".join(line), flush=True)
     (out / "results.json").write_text(json.dumps(rows))
     base = {c: g for c, m, g, _ in rows if m == "untuned"}
@@ -85,7 +88,29 @@ def main(argv=None) -> int:
         print(f"{method:24s} {len(sel):3d} {np.median(sp):13.2f}x {np.percentile(sp, 25):6.2f}-{np.percentile(sp, 75):5.2f}x "
               f"{np.median([g for _, g, _ in sel]):10.2f} {np.median([s for *_, s in sel]):13.3f} "
               f"{np.median([g / npy[c] for c, g, _ in sel]):6.2f}x")
+    box_plot(rows, npy, out / "looptune.png")
+    print(f"plot: {out / 'looptune.png'}")
     return 0
+
+
+def box_plot(rows, npy, path: Path) -> None:
+    """GFLOPS relative to numpy per method, one box each (the paper's Fig. 9 shows the same spread)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    methods = [m for m in dict.fromkeys(m for _, m, _, _ in rows) if m != "numpy"]
+    data = [[g / npy[c] for c, m2, g, _ in rows if m2 == m] for m in methods]
+    fig, ax = plt.subplots(figsize=(1.1 * len(methods) + 2, 4))
+    ax.boxplot(data, showfliers=True)
+    ax.set_xticks(range(1, len(methods) + 1), [f"{m}\n(n={len(d)})" for m, d in zip(methods, data)],
+                  rotation=30, ha="right", fontsize=8)
+    ax.axhline(1.0, color="gray", ls="--", lw=1)
+    ax.set_ylabel("GFLOPS / numpy's")
+    ax.set_title("LoopTune on held-out matmuls")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

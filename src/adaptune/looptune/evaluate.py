@@ -89,11 +89,20 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def numpy_gflops(contraction: Contraction, runs: int = 20) -> float:
-    """numpy's GFLOPS on the same contraction (the paper's NumPy/MKL comparison; matmul only)."""
+def numpy_gflops(contraction: Contraction, repeat: int = 5, min_repeat_ms: float = 2.0) -> float:
+    """numpy's GFLOPS on the same contraction (the paper's NumPy/MKL comparison; matmul only), timed
+    as ``Evaluator`` times a nest: each of ``repeat`` timings the mean of back-to-back calls lasting at
+    least ``min_repeat_ms``; the fastest counts."""
     if contraction.kind != "matmul":
         raise ValueError("numpy baseline is for matmul")
     a, b = contraction.random_inputs(np.random.default_rng(0))
     for _ in range(3):
         a @ b
-    return contraction.flops / min(_timed(lambda: a @ b) for _ in range(runs)) / 1e9
+    number = max(1, int(min_repeat_ms / 1e3 / _timed(lambda: a @ b)))
+
+    def mean() -> float:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            a @ b
+        return (time.perf_counter() - t0) / number
+    return contraction.flops / min(mean() for _ in range(repeat)) / 1e9

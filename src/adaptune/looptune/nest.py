@@ -70,8 +70,11 @@ class Contraction:
     def name(self) -> str:
         return f"{self.kind}_" + "x".join(str(n) for _, n in self.sizes)
 
-    def te_func(self):
-        """The contraction as a TE PrimFunc module (TVM generates code from it)."""
+    def te_func(self, padded: int | None = None):
+        """The contraction as a TE PrimFunc module (TVM generates code from it).  ``padded``: compute
+        the output's unit-stride dimension (matmul's n, convolution's x) over that larger extent, on
+        zero-padded inputs, into a buffer the output is copied from, so a split of it with a tail
+        needs no per-lane bounds test (which stops TVM from vectorising the loop)."""
         from .._tvm import tvm
         from tvm import te
         if self.kind == "matmul":
@@ -79,15 +82,27 @@ class Contraction:
             a = te.placeholder((m, k), name="A")
             b = te.placeholder((k, n), name="B")
             rk = te.reduce_axis((0, k), name="k")
-            c = te.compute((m, n), lambda i, j: te.sum(a[i, rk] * b[rk, j], axis=rk), name="C")
-            return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+            if padded is None:
+                c = te.compute((m, n), lambda i, j: te.sum(a[i, rk] * b[rk, j], axis=rk), name="C")
+                return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+            bp = te.compute((k, padded), lambda kk, j: te.if_then_else(j < n, b[kk, j], 0.0), name="B_pad")
+            cp = te.compute((m, padded), lambda i, j: te.sum(a[i, rk] * bp[rk, j], axis=rk), name="C")
+            out = te.compute((m, n), lambda i, j: cp[i, j], name="C_out")
+            return tvm.IRModule({"main": te.create_prim_func([a, b, out])})
         f, y, x, c, r, s = (n for _, n in self.sizes)
         data = te.placeholder((c, y + r - 1, x + s - 1), name="I")
         w = te.placeholder((f, c, r, s), name="W")
         rc, rr, rs = (te.reduce_axis((0, n), name=d) for d, n in (("c", c), ("r", r), ("s", s)))
-        out = te.compute((f, y, x), lambda ff, yy, xx: te.sum(
+        if padded is not None:
+            src, width = data, x + s - 1
+            data = te.compute((c, y + r - 1, padded + s - 1), lambda cc, yy, xx: te.if_then_else(
+                xx < width, src[cc, yy, xx], 0.0), name="I_pad")
+        out = te.compute((f, y, padded or x), lambda ff, yy, xx: te.sum(
             data[rc, yy + rr, xx + rs] * w[ff, rc, rr, rs], axis=[rc, rr, rs]), name="C")
-        return tvm.IRModule({"main": te.create_prim_func([data, w, out])})
+        if padded is None:
+            return tvm.IRModule({"main": te.create_prim_func([data, w, out])})
+        copy = te.compute((f, y, x), lambda ff, yy, xx: out[ff, yy, xx], name="C_out")
+        return tvm.IRModule({"main": te.create_prim_func([src, w, copy])})
 
     def random_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         return [rng.standard_normal(a.shape, dtype=np.float32) for a in self.reads]
@@ -272,7 +287,14 @@ class LoopNest:
         from ..search.expert import vector_isa
         con = self.contraction
         lanes, regs = vector_isa(target if target is not None else host_target())
-        sch = s_tir.Schedule(con.te_func())
+        vec = self.vector_dim()
+        chain = self._chain(vec) if vec else []
+        padded = math.prod(lp.extent for lp in chain) if any(lp.tail for lp in chain) else None
+        sch = s_tir.Schedule(con.te_func(padded))
+        for name in (("B_pad" if con.kind == "matmul" else "I_pad"), "C_out") if padded else ():
+            loops = sch.get_loops(sch.get_sblock(name))     # the padding copies: parallel rows, vector columns
+            sch.parallel(loops[0])
+            sch.vectorize(loops[-1])
         block = sch.get_sblock("C")
         rvs = dict(zip(con.dims, sch.get_loops(block)))
         by_loop = {}
@@ -282,31 +304,29 @@ class LoopNest:
             by_loop.update(zip(chain, parts))
         start = self.register_block(lanes, regs)
         outer, inner = list(self.loops[:start]), list(self.loops[start:])
-        vec = self.vector_dim()
-        unit = [lp for lp in inner if lp.dim == vec and self.step(lp) == 1]
+        unit = [lp for lp in inner if lp.dim == vec and self.step(lp) == 1 and lp.extent > 1]   # 0 or 1 loop
         tile = [lp for lp in inner if lp.dim not in con.reduce and lp not in unit]
         reduce = [lp for lp in inner if lp.dim in con.reduce]
         order = outer + reduce + tile + unit
         sch.reorder(*(by_loop[lp] for lp in order))
-        first_reduction = next(i for i, lp in enumerate(order) if lp.dim in con.reduce)
         if reduce and tile + unit:
-            # the tile's accumulators: a local buffer written back after the block's reductions
+            # the tile's accumulators: a local buffer, written back after the block's reductions
             write = sch.cache_write(block, 0, "local")
             if outer:
                 sch.reverse_compute_at(write, by_loop[outer[-1]], preserve_unit_loops=True)
-            wloops = sch.get_loops(write)
-            if unit and unit[0].extent > 1:
-                sch.vectorize(wloops[-1])
+            if unit:
+                sch.vectorize(sch.get_loops(write)[-1])
         for lp in tile:
             if lp.extent > 1:
                 sch.unroll(by_loop[lp])
-        if unit and unit[0].extent > 1:
+        if unit:
             sch.vectorize(by_loop[unit[0]])
         if outer and outer[0].dim not in con.reduce and outer[0].extent > 1:
             sch.parallel(by_loop[outer[0]])
-        init = sch.decompose_reduction(block, by_loop[order[first_reduction]])
-        if unit and unit[0].extent > 1 and first_reduction < len(outer) + len(reduce):
-            sch.vectorize(sch.get_loops(init)[-1])
+        first_reduction = next(lp for lp in order if lp.dim in con.reduce)
+        init = sch.decompose_reduction(block, by_loop[first_reduction])
+        if unit:
+            sch.vectorize(sch.get_loops(init)[-1])     # the unit loop is the init's innermost too
         return sch
 
     def render(self) -> str:
