@@ -42,6 +42,7 @@ from common import Run, geomean, run_adaptune, run_ms_evolutionary  # noqa: E402
 
 from adaptune._tvm import tvm  # noqa: E402
 from adaptune.measure.target import TargetError, check_runnable, is_cuda, parse_target  # noqa: E402
+from adaptune.measure.workdir import write_json  # noqa: E402
 from adaptune.model.workloads import get_workload  # noqa: E402
 
 STRATEGIES = ["sa", "rl", "sa+as", "rl+as", "random"]
@@ -71,9 +72,7 @@ def run_one(job, target, trials, batch, out: Path, seed, build_workers=None, res
                                f"  {layer} {strategy}: {done}/{n} measured, best "
                                f"{best * 1e3 if best else float('nan'):.4f} ms", flush=True))
     saved.parent.mkdir(parents=True, exist_ok=True)
-    tmp = saved.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, **dataclasses.asdict(run)}))
-    tmp.replace(saved)
+    write_json(saved, {"key": key, **dataclasses.asdict(run)})
     print(f"{layer} {strategy}: done, best {run.best * 1e3:.4f} ms, wall {run.wall:.0f} s", flush=True)
     return run
 

@@ -90,19 +90,15 @@ class Contraction:
             out = te.compute((m, n), lambda i, j: cp[i, j], name="C_out")
             return tvm.IRModule({"main": te.create_prim_func([a, b, out])})
         f, y, x, c, r, s = (n for _, n in self.sizes)
-        data = te.placeholder((c, y + r - 1, x + s - 1), name="I")
+        src = te.placeholder((c, y + r - 1, x + s - 1), name="I")
         w = te.placeholder((f, c, r, s), name="W")
+        data = src if padded is None else te.compute((c, y + r - 1, padded + s - 1), lambda cc, yy, xx: (
+            te.if_then_else(xx < x + s - 1, src[cc, yy, xx], 0.0)), name="I_pad")
         rc, rr, rs = (te.reduce_axis((0, n), name=d) for d, n in (("c", c), ("r", r), ("s", s)))
-        if padded is not None:
-            src, width = data, x + s - 1
-            data = te.compute((c, y + r - 1, padded + s - 1), lambda cc, yy, xx: te.if_then_else(
-                xx < width, src[cc, yy, xx], 0.0), name="I_pad")
-        out = te.compute((f, y, padded or x), lambda ff, yy, xx: te.sum(
+        conv = te.compute((f, y, padded or x), lambda ff, yy, xx: te.sum(
             data[rc, yy + rr, xx + rs] * w[ff, rc, rr, rs], axis=[rc, rr, rs]), name="C")
-        if padded is None:
-            return tvm.IRModule({"main": te.create_prim_func([data, w, out])})
-        copy = te.compute((f, y, x), lambda ff, yy, xx: out[ff, yy, xx], name="C_out")
-        return tvm.IRModule({"main": te.create_prim_func([src, w, copy])})
+        out = conv if padded is None else te.compute((f, y, x), lambda ff, yy, xx: conv[ff, yy, xx], name="C_out")
+        return tvm.IRModule({"main": te.create_prim_func([src, w, out])})
 
     def random_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         return [rng.standard_normal(a.shape, dtype=np.float32) for a in self.reads]
@@ -288,8 +284,8 @@ class LoopNest:
         con = self.contraction
         lanes, regs = vector_isa(target if target is not None else host_target())
         vec = self.vector_dim()
-        chain = self._chain(vec) if vec else []
-        padded = math.prod(lp.extent for lp in chain) if any(lp.tail for lp in chain) else None
+        vec_chain = self._chain(vec) if vec else []
+        padded = math.prod(lp.extent for lp in vec_chain) if any(lp.tail for lp in vec_chain) else None
         sch = s_tir.Schedule(con.te_func(padded))
         for name in (("B_pad" if con.kind == "matmul" else "I_pad"), "C_out") if padded else ():
             loops = sch.get_loops(sch.get_sblock(name))     # the padding copies: parallel rows, vector columns
