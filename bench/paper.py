@@ -59,10 +59,13 @@ def run_one(job, target, trials, batch, out: Path, seed, build_workers=None, res
     saved = out / "runs" / f"{layer}-{strategy}-seed{seed}.json"
     key = {"target": str(target), "trials": trials, "batch": batch, "seed": seed}
     if resume and saved.exists():
-        data = json.loads(saved.read_text())
-        if data.pop("key") == key:
-            print(f"{layer} {strategy}: reusing {saved}", flush=True)
-            return Run(**data)
+        try:
+            data = json.loads(saved.read_text())
+            if data.pop("key") == key:
+                print(f"{layer} {strategy}: reusing {saved}", flush=True)
+                return Run(**data)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:   # unreadable: tune it again
+            print(f"{layer} {strategy}: cannot reuse {saved} ({type(e).__name__}: {e}); tuning it again", flush=True)
     wl = get_workload(layer)
     if strategy == MS:
         run = run_ms_evolutionary(wl, target, trials, batch, out, seed, build_workers=build_workers)

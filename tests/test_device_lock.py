@@ -187,7 +187,7 @@ def test_paper_bench_has_jobs_and_its_runs_pickle():
     assert pickle.loads(pickle.dumps(run)) == run
 
 
-def test_paper_bench_resumes_a_finished_run_and_saves_each_as_it_ends(tmp_path):
+def test_paper_bench_resumes_a_finished_run_and_saves_each_as_it_ends(tmp_path, capsys):
     """A stopped paper.py keeps its finished runs (OUT/runs) and --resume reuses exactly those."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
@@ -202,3 +202,9 @@ def test_paper_bench_resumes_a_finished_run_and_saves_each_as_it_ends(tmp_path):
     assert paper.run_one(("L2", "rl+as"), "T", 8, 4, tmp_path, 0, resume=True) == run
     with pytest.raises(Exception):          # another budget: not reused, so it tunes (and "T" is no target)
         paper.run_one(("L2", "rl+as"), "T", 16, 4, tmp_path, 0, resume=True)
+    (tmp_path / "runs" / "L2-rl+as-seed0.json").write_text('{"key": {"target": "T"')   # cut short
+    capsys.readouterr()
+    with pytest.raises(Exception) as e:     # unreadable: one line says so, then it tunes (no target "T")
+        paper.run_one(("L2", "rl+as"), "T", 8, 4, tmp_path, 0, resume=True)
+    assert not isinstance(e.value, json.JSONDecodeError)
+    assert "cannot reuse" in capsys.readouterr().out

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .env import LoopTuneEnv, observe
-from .nest import ACTIONS, FEATURES, MAX_ROWS, Contraction, LoopNest
+from .nest import ACTIONS, FEATURES, MAX_ROWS, Contraction, LoopNest, matmul
 
 WEIGHTS = Path(__file__).with_name("policy.pt")
 OBS = MAX_ROWS * FEATURES + 1          # the nest's features and the fraction of the episode left
@@ -235,14 +235,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=Config.episodes)
     ap.add_argument("--pool", type=int, default=128,
                     help="training matmuls drawn from the training split (fewer: more cache hits)")
+    ap.add_argument("--off-grid", type=int, default=0,
+                    help="also train on this many matmuls of random sizes in 64..256 (not only multiples of 16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(WEIGHTS))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)       # a small network; keep torch's threads from spinning beside TVM's timed runs
     cfg = Config(episodes=args.episodes, seed=args.seed)
-    train_set, _ = split()
-    pool = [train_set[i] for i in np.random.default_rng(args.seed).permutation(len(train_set))[:args.pool]]
+    train_set, test_set = split()
+    rng = np.random.default_rng(args.seed)
+    pool = [train_set[i] for i in rng.permutation(len(train_set))[:args.pool]]
+    pool += [c for c in (matmul(*map(int, rng.integers(64, 257, 3))) for _ in range(args.off_grid))
+             if c not in test_set]                               # never a held-out matmul
     peak = peak_gflops()
     # quicker timing than the benchmark's: training measures thousands of states
     env = LoopTuneEnv(pool, steps=cfg.steps, peak=peak, timing={"warmup": 1, "repeat": 3, "min_repeat_ms": 1})
