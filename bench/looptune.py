@@ -3,8 +3,8 @@
 For each matmul: the untuned nest, the shipped policy (its time to choose, then its nest
 measured), numpy's BLAS, and on the first ``--search-count`` of them each classic search with its
 time limit, and on the first ``--ms-count`` TVM MetaSchedule's stock evolutionary search at 16
-and 64 trials.  Every nest
-was checked against numpy when it was built.  Prints, per method, how many matmuls it ran, the
+and 64 trials; then the policy and numpy on the ten test sizes off the grid (``OFF_GRID_TEST``,
+rows marked "off the grid").  Every nest was checked against numpy when it was built.  Prints, per method, how many matmuls it ran, the
 median and the 25-75 % spread of the speedup over the untuned nest, median GFLOPS, median seconds
 to schedule, and the median ratio to numpy.  The paper's setting is ``--count 50 --time-limit 60``
 (about six hours here on 2 cores); the defaults are a smaller sample.
@@ -24,10 +24,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import run_ms_evolutionary  # noqa: E402
 
-from adaptune.looptune.dataset import split  # noqa: E402
+from adaptune.looptune.dataset import OFF_GRID_TEST, split  # noqa: E402
 from adaptune.looptune.dqn import WEIGHTS, Policy  # noqa: E402
 from adaptune.looptune.evaluate import Evaluator, numpy_gflops  # noqa: E402
-from adaptune.looptune.nest import LoopNest  # noqa: E402
+from adaptune.looptune.nest import LoopNest, matmul  # noqa: E402
 from adaptune.looptune.search import SEARCHES  # noqa: E402
 from adaptune.measure.target import host_target  # noqa: E402
 from adaptune.model.workloads import get_workload  # noqa: E402
@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ms-trials", type=int, nargs="*", default=[16, 64],
                     help="TVM evolutionary trial budgets per matmul (none: skip)")
     ap.add_argument("--ms-count", type=int, default=3, help="of the searches' matmuls, how many TVM runs on")
+    ap.add_argument("--off-grid", type=int, default=len(OFF_GRID_TEST), help="off-grid test sizes to run (of 10)")
     ap.add_argument("--out", default="bench/out/looptune")
     args = ap.parse_args(argv)
     target, out = host_target(), Path(args.out)
@@ -77,10 +78,18 @@ def main(argv=None) -> int:
             rows.append((con.name, f"tvm-evolutionary-{trials}", con.flops / run.best / 1e9, run.wall))
             line.append(f"tvm-{trials} {rows[-1][2]:.1f}")
         print(", ".join(line), flush=True)
+    for con in (matmul(*s) for s in OFF_GRID_TEST[:args.off_grid]):
+        ev, tag = Evaluator(con, target), ", off the grid"
+        choice = policy.schedule(con)
+        rows += [(con.name, "untuned" + tag, ev(LoopNest.initial(con)), 0.0),
+                 (con.name, "numpy" + tag, numpy_gflops(con), 0.0),
+                 (con.name, "policy" + tag, ev(choice.nest), choice.seconds)]
+        print(f"{con.name}: untuned {rows[-3][2]:.2f} GF, numpy {rows[-2][2]:.1f} GF, policy {rows[-1][2]:.1f} "
+              f"({' '.join(choice.actions)})", flush=True)
     (out / "results.json").write_text(json.dumps(rows))
-    base = {c: g for c, m, g, _ in rows if m == "untuned"}
-    npy = {c: g for c, m, g, _ in rows if m == "numpy"}
-    print(f"\nheld-out matmuls, target {target}, time limit {args.time_limit:g} s per search")
+    base = {c: g for c, m, g, _ in rows if m.startswith("untuned")}
+    npy = {c: g for c, m, g, _ in rows if m.startswith("numpy")}
+    print(f"\nheld-out matmuls (and the off-grid test sizes), target {target}, time limit {args.time_limit:g} s per search")
     print(f"{'method':24s} {'n':>3s} {'speedup median':>14s} {'p25-p75':>13s} {'GFLOPS med':>10s} {'s to schedule':>13s} {'/numpy':>7s}")
     for method in dict.fromkeys(m for _, m, _, _ in rows):
         sel = [(c, g, s) for c, m, g, s in rows if m == method]
@@ -98,7 +107,7 @@ def box_plot(rows, npy, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    methods = [m for m in dict.fromkeys(m for _, m, _, _ in rows) if m != "numpy"]
+    methods = [m for m in dict.fromkeys(m for _, m, _, _ in rows) if not m.startswith("numpy")]
     data = [[g / npy[c] for c, m2, g, _ in rows if m2 == m] for m in methods]
     fig, ax = plt.subplots(figsize=(1.1 * len(methods) + 2, 4))
     ax.boxplot(data, showfliers=True)

@@ -194,3 +194,49 @@ def test_cli_looptune_policy(capsys, tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"not torch")
     assert main(["looptune", "48", "64", "32", "--policy", str(tmp_path / "bad.pt")]) == 2
     assert "cannot load policy weights" in capsys.readouterr().err
+
+
+def test_off_grid_draws_are_seeded_off_the_grid_and_never_a_test_matmul():
+    from adaptune.looptune.dataset import OFF_GRID_TEST, off_grid, split
+    a = off_grid(40, seed=3)
+    assert a == off_grid(40, seed=3) and a != off_grid(40, seed=4) and len(set(a)) == 40
+    held = set(split()[1]) | {matmul(*s) for s in OFF_GRID_TEST}
+    assert all(c not in held and any(n % 16 for _, n in c.sizes) for c in a)
+    assert all(64 <= n <= 256 for c in a for _, n in c.sizes)
+
+
+def test_select_keeps_the_weights_that_score_best_on_validation(tmp_path):
+    """`dqn --select` scores weights on validation matmuls (measured) and copies the best to --out:
+    the shipped policy against an untrained network, whose nests are the untuned ones or worse."""
+    import shutil
+
+    import torch
+
+    from adaptune.looptune.dqn import WEIGHTS, Config, Policy, QNetwork, main as dqn_main
+    torch.manual_seed(0)
+    untrained = tmp_path / "untrained.pt"
+    Policy(QNetwork(Config.hidden)).save(untrained, Config())
+    shipped = tmp_path / "shipped.pt"
+    shutil.copy(WEIGHTS, shipped)
+    out = tmp_path / "kept.pt"
+    assert dqn_main(["--select", str(untrained), str(shipped), "--validation", "1", "--out", str(out)]) == 0
+    assert out.read_bytes() == shipped.read_bytes()
+
+
+def test_ensemble_acts_on_the_mean_q_values_and_round_trips(tmp_path):
+    import torch
+
+    from adaptune.looptune.dqn import WEIGHTS, Config, Policy, QNetwork, main as dqn_main
+    from adaptune.looptune.dqn import policy_input
+    torch.manual_seed(0)
+    other = tmp_path / "other.pt"
+    Policy(QNetwork(Config.hidden)).save(other, Config(), episodes=5, nests_measured=7, pool=["matmul_64x64x64"])
+    out = tmp_path / "ens.pt"
+    assert dqn_main(["--ensemble", str(WEIGHTS), str(other), "--out", str(out)]) == 0
+    ens, a, b = Policy.load(out), Policy.load(WEIGHTS), Policy.load(other)
+    assert ens.meta["episodes"] == a.meta["episodes"] + 5 and "matmul_64x64x64" in ens.meta["pool"]
+    con = matmul(100, 150, 200)
+    x = torch.as_tensor(policy_input(LoopNest.initial(con), 1.0))[None]
+    with torch.no_grad():
+        assert torch.allclose(ens.q(x), (a.q(x) + b.q(x)) / 2)
+    assert len(ens.schedule(con).actions) == ens.steps

@@ -15,7 +15,8 @@ The replay buffer is hand-written: torchrl 0.14's ``PrioritizedReplayBuffer`` ne
 sum tree, which does not load beside torch 2.13 here ("SumSegmentTreeFp32 is not available"), and
 with a few ten thousand transitions numpy's cumulative sums sample fast enough.
 
-    python -m adaptune.looptune.dqn --episodes 600     # writes src/adaptune/looptune/policy.pt
+    # the shipped policy.pt: seed 5 of six runs, kept by --select on validation matmuls
+    python -m adaptune.looptune.dqn --episodes 1500 --seed 5 --off-grid 64 --off-grid-range 48 512
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from .env import LoopTuneEnv, observe
-from .nest import ACTIONS, FEATURES, MAX_ROWS, Contraction, LoopNest, matmul
+from .nest import ACTIONS, FEATURES, MAX_ROWS, Contraction, LoopNest
 
 WEIGHTS = Path(__file__).with_name("policy.pt")
 OBS = MAX_ROWS * FEATURES + 1          # the nest's features and the fraction of the episode left
@@ -197,23 +198,52 @@ class Choice:
     seconds: float
 
 
-class Policy:
-    """A trained Q-network acting greedily: ``steps`` actions from the untuned nest, no measurement."""
+class QEnsemble(nn.Module):
+    """Q-networks of several training runs acting as one, on the mean of their Q-values: DQN's runs
+    differ much from seed to seed, and the mean of several is steadier than any one of them."""
 
-    def __init__(self, q: QNetwork, steps: int = 10, meta: dict | None = None):
+    def __init__(self, members: Sequence[QNetwork]):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([q(x) for q in self.members]).mean(0)
+
+
+class Policy:
+    """A trained Q-network (or ensemble) acting greedily: ``steps`` actions from the untuned nest,
+    no measurement."""
+
+    def __init__(self, q: nn.Module, steps: int = 10, meta: dict | None = None):
         self.q, self.steps, self.meta = q.eval(), steps, meta or {}
 
     @classmethod
     def load(cls, path: str | Path = WEIGHTS) -> "Policy":
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        q = QNetwork(ckpt["config"]["hidden"])
-        q.load_state_dict(ckpt["state_dict"])
-        return cls(q, ckpt["config"]["steps"], ckpt)
+        members = []
+        for state in ckpt.get("members", [ckpt.get("state_dict")]):
+            members.append(QNetwork(ckpt["config"]["hidden"]))
+            members[-1].load_state_dict(state)
+        return cls(members[0] if "members" not in ckpt else QEnsemble(members), ckpt["config"]["steps"], ckpt)
 
     def save(self, path: str | Path, cfg: Config, **meta) -> None:
         tmp = Path(f"{path}.tmp")
-        torch.save({"state_dict": self.q.state_dict(), "config": asdict(cfg), **meta}, tmp)
+        weights = ({"members": [q.state_dict() for q in self.q.members]} if isinstance(self.q, QEnsemble)
+                   else {"state_dict": self.q.state_dict()})
+        torch.save({**weights, "config": asdict(cfg), **meta}, tmp)
         tmp.replace(path)                      # never a half-written weights file
+
+    @classmethod
+    def ensemble(cls, paths: Sequence[str | Path]) -> "Policy":
+        """One policy from several weight files (same network size and episode length), with what
+        they were trained on merged: the pools' union, episodes and measurements summed."""
+        runs = [cls.load(p) for p in paths]
+        meta = {"pool": sorted({c for r in runs for c in r.meta.get("pool", [])}),
+                "ensemble_of": [str(p) for p in paths]}
+        for key in ("episodes", "nests_measured", "seconds"):
+            meta[key] = sum(r.meta.get(key, 0) for r in runs)
+        return cls(QEnsemble([q for r in runs for q in getattr(r.q, "members", [r.q])]), runs[0].steps,
+                   {**runs[0].meta, **meta})
 
     def schedule(self, contraction: Contraction) -> Choice:
         t0 = time.perf_counter()
@@ -226,28 +256,64 @@ class Policy:
         return Choice(nest, actions, time.perf_counter() - t0)
 
 
+def select(weights: Sequence[str | Path], contractions: Sequence[Contraction], rounds: int = 2
+           ) -> dict[str, float]:
+    """Each policy's score on ``contractions`` (a validation set): the geometric mean of its nests'
+    GFLOPS over numpy's, the policies and numpy timed in alternation, the best of ``rounds`` each.
+    DQN's results vary from seed to seed, so the shipped weights are the best of several runs here,
+    never picked on the test matmuls."""
+    from .evaluate import Evaluator, numpy_gflops
+    policies = {str(w): Policy.load(w) for w in weights}
+    logs = {w: [] for w in policies}
+    for con in contractions:
+        nests = {w: p.schedule(con).nest for w, p in policies.items()}
+        best, npy = dict.fromkeys(policies, 0.0), 0.0
+        for _ in range(rounds):
+            for w, nest in nests.items():
+                best[w] = max(best[w], Evaluator(con)(nest))
+            npy = max(npy, numpy_gflops(con))
+        for w in policies:
+            logs[w].append(np.log(max(best[w], 1e-9) / npy))
+        log.info("%s: numpy %.0f GFLOPS, %s", con.name, npy, ", ".join(f"{best[w] / npy:.2f}x" for w in policies))
+    return {w: float(np.exp(np.mean(v))) for w, v in logs.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Reproduce the shipped policy: train on the paper's matmuls (held-out split excluded) with
     real measurements, saving the weights as it goes."""
-    from .dataset import split
+    from .dataset import off_grid, split
     from .evaluate import peak_gflops
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--episodes", type=int, default=Config.episodes)
     ap.add_argument("--pool", type=int, default=128,
                     help="training matmuls drawn from the training split (fewer: more cache hits)")
     ap.add_argument("--off-grid", type=int, default=0,
-                    help="also train on this many matmuls of random sizes in 64..256 (not only multiples of 16)")
+                    help="also train on this many matmuls of random sizes off the grid")
+    ap.add_argument("--off-grid-range", type=int, nargs=2, default=(64, 256), metavar=("LO", "HI"),
+                    help="the sizes --off-grid draws from (default: the grid's range, 64 256)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(WEIGHTS))
+    ap.add_argument("--select", nargs="+", metavar="WEIGHTS",
+                    help="train nothing: score these weights on the validation set (training-split grid "
+                         "matmuls outside every pool, and off-grid sizes) and copy the best to --out")
+    ap.add_argument("--ensemble", nargs="+", metavar="WEIGHTS",
+                    help="train nothing: write one policy acting on the mean Q-values of these to --out")
+    ap.add_argument("--validation", type=int, default=16, help="--select: grid and off-grid matmuls, this many each")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.select:
+        return _select(args.select, Path(args.out), count=args.validation)
+    if args.ensemble:
+        policy = Policy.ensemble(args.ensemble)
+        cfg = Config(**policy.meta["config"])
+        policy.save(args.out, cfg, **{k: v for k, v in policy.meta.items() if k not in ("config", "state_dict", "members")})
+        log.info("wrote %s: the mean Q-values of %d networks", args.out, len(policy.q.members))
+        return 0
     torch.set_num_threads(1)       # a small network; keep torch's threads from spinning beside TVM's timed runs
     cfg = Config(episodes=args.episodes, seed=args.seed)
-    train_set, test_set = split()
-    rng = np.random.default_rng(args.seed)
-    pool = [train_set[i] for i in rng.permutation(len(train_set))[:args.pool]]
-    pool += [c for c in (matmul(*map(int, rng.integers(64, 257, 3))) for _ in range(args.off_grid))
-             if c not in test_set]                               # never a held-out matmul
+    train_set, _ = split()
+    pool = [train_set[i] for i in np.random.default_rng(args.seed).permutation(len(train_set))[:args.pool]]
+    pool += off_grid(args.off_grid, args.seed, *args.off_grid_range)
     peak = peak_gflops()
     # quicker timing than the benchmark's: training measures thousands of states
     env = LoopTuneEnv(pool, steps=cfg.steps, peak=peak, timing={"warmup": 1, "repeat": 3, "min_repeat_ms": 1})
@@ -265,6 +331,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     train(env, cfg, on_episode=report)
     log.info("wrote %s", args.out)
+    return 0
+
+
+def _select(weights: Sequence[str], out: Path, seed: int = 1000, count: int = 16) -> int:
+    """``--select``: validation = ``count`` grid matmuls of the training split that no candidate
+    trained on, and ``count`` off-grid sizes in 32..512, wider than the grid's range as users' sizes
+    are (seeded apart from training's draws)."""
+    from .dataset import off_grid, split
+    torch.set_num_threads(1)
+    trained_on = {name for w in weights for name in torch.load(w, map_location="cpu", weights_only=True).get("pool", [])}
+    grid = [c for c in split()[0] if c.name not in trained_on]
+    grid = [grid[i] for i in np.random.default_rng(seed).permutation(len(grid))[:count]]
+    scores = select(weights, grid + off_grid(count, seed, 32, 512))
+    for w, v in sorted(scores.items(), key=lambda kv: -kv[1]):
+        log.info("%s: %.3fx numpy (geomean over %d validation matmuls)", w, v, 2 * count)
+    best = max(scores, key=scores.get)
+    if Path(best).resolve() != out.resolve():
+        tmp = Path(f"{out}.tmp")
+        tmp.write_bytes(Path(best).read_bytes())
+        tmp.replace(out)
+    log.info("kept %s as %s", best, out)
     return 0
 
 
