@@ -4,9 +4,9 @@ For each matmul: the untuned nest, the shipped policy (its time to choose, then 
 measured), numpy's BLAS, and on the first ``--search-count`` of them each classic search with its
 time limit, and on the first ``--ms-count`` TVM MetaSchedule's stock evolutionary search at 16
 and 64 trials; then the policy and numpy on the ten test sizes off the grid (``OFF_GRID_TEST``,
-rows marked "off the grid").  Every nest was checked against numpy when it was built.  Prints, per method, how many matmuls it ran, the
-median and the 25-75 % spread of the speedup over the untuned nest, median GFLOPS, median seconds
-to schedule, and the median ratio to numpy.  The paper's setting is ``--count 50 --time-limit 60``
+rows marked "off the grid").  Every nest was checked against numpy when it was built.  Prints,
+per method, how many matmuls it ran, the median and the 25-75 % spread of the speedup over the
+untuned nest, median GFLOPS, median seconds to schedule, and the median ratio to numpy.  The paper's setting is ``--count 50 --time-limit 60``
 (about six hours here on 2 cores); the defaults are a smaller sample.
 
     python bench/looptune.py                                    # 50 matmuls for the policy, 5 for searches

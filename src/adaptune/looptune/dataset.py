@@ -33,6 +33,6 @@ def off_grid(count: int, seed: int, lo: int = 64, hi: int = 256) -> list[Contrac
     held = set(split()[1]) | {matmul(*s) for s in OFF_GRID_TEST}
     while len(out) < count:
         c = matmul(*map(int, rng.integers(lo, hi + 1, 3)))
-        if c not in held and c not in out and (any(n % 16 for _, n in c.sizes) or any(n not in SIZES for _, n in c.sizes)):
+        if c not in held and c not in out and any(n not in SIZES for _, n in c.sizes):
             out.append(c)
     return out

@@ -15,7 +15,7 @@ The replay buffer is hand-written: torchrl 0.14's ``PrioritizedReplayBuffer`` ne
 sum tree, which does not load beside torch 2.13 here ("SumSegmentTreeFp32 is not available"), and
 with a few ten thousand transitions numpy's cumulative sums sample fast enough.
 
-    # the shipped policy.pt: seed 5 of six runs, kept by --select on validation matmuls
+    # the shipped policy.pt: seed 5 of nine runs, kept by --select on validation matmuls
     python -m adaptune.looptune.dqn --episodes 1500 --seed 5 --off-grid 64 --off-grid-range 48 512
 """
 from __future__ import annotations
@@ -199,8 +199,9 @@ class Choice:
 
 
 class QEnsemble(nn.Module):
-    """Q-networks of several training runs acting as one, on the mean of their Q-values: DQN's runs
-    differ much from seed to seed, and the mean of several is steadier than any one of them."""
+    """Q-networks of several training runs acting as one, on the mean of their Q-values: a candidate
+    for ``--select`` against seed-to-seed spread.  Measured, it scored below its members (mean
+    Q-values of different runs give action sequences none of them takes; docs/decisions.md)."""
 
     def __init__(self, members: Sequence[QNetwork]):
         super().__init__()
@@ -256,14 +257,13 @@ class Policy:
         return Choice(nest, actions, time.perf_counter() - t0)
 
 
-def select(weights: Sequence[str | Path], contractions: Sequence[Contraction], rounds: int = 2
+def select(policies: dict[str, Policy], contractions: Sequence[Contraction], rounds: int = 2
            ) -> dict[str, float]:
     """Each policy's score on ``contractions`` (a validation set): the geometric mean of its nests'
     GFLOPS over numpy's, the policies and numpy timed in alternation, the best of ``rounds`` each.
     DQN's results vary from seed to seed, so the shipped weights are the best of several runs here,
     never picked on the test matmuls."""
     from .evaluate import Evaluator, numpy_gflops
-    policies = {str(w): Policy.load(w) for w in weights}
     logs = {w: [] for w in policies}
     for con in contractions:
         nests = {w: p.schedule(con).nest for w, p in policies.items()}
@@ -340,10 +340,11 @@ def _select(weights: Sequence[str], out: Path, seed: int = 1000, count: int = 16
     are (seeded apart from training's draws)."""
     from .dataset import off_grid, split
     torch.set_num_threads(1)
-    trained_on = {name for w in weights for name in torch.load(w, map_location="cpu", weights_only=True).get("pool", [])}
+    policies = {str(w): Policy.load(w) for w in weights}
+    trained_on = {name for p in policies.values() for name in p.meta.get("pool", [])}
     grid = [c for c in split()[0] if c.name not in trained_on]
     grid = [grid[i] for i in np.random.default_rng(seed).permutation(len(grid))[:count]]
-    scores = select(weights, grid + off_grid(count, seed, 32, 512))
+    scores = select(policies, grid + off_grid(count, seed, 32, 512))
     for w, v in sorted(scores.items(), key=lambda kv: -kv[1]):
         log.info("%s: %.3fx numpy (geomean over %d validation matmuls)", w, v, 2 * count)
     best = max(scores, key=scores.get)
