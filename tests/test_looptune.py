@@ -1,4 +1,5 @@
 """LoopTune: actions, features, code generation, searches, environment, CLI."""
+import json
 import time
 
 import numpy as np
@@ -240,3 +241,31 @@ def test_ensemble_acts_on_the_mean_q_values_and_round_trips(tmp_path):
     with torch.no_grad():
         assert torch.allclose(ens.q(x), (a.q(x) + b.q(x)) / 2)
     assert len(ens.schedule(con).actions) == ens.steps
+
+
+def test_imitation_demonstrates_the_faster_path_and_clones_it(tmp_path):
+    """Expert iteration: a demonstration ends on the nest its search measured best, padded to the
+    episode with moves that change nothing; the cloned network takes the demonstrated actions."""
+    from adaptune.looptune.dqn import Policy
+    from adaptune.looptune.imitate import PAD, clone, demonstrate, main as imitate_main
+    con = matmul(24, 40, 16)
+    rec = demonstrate(con, None, search="greedy1", time_limit=3.0, timing={"warmup": 1, "repeat": 1})
+    assert len(rec["actions"]) == 10 and rec["source"] == "greedy1" and rec["measured"] > 1
+    nest = LoopNest.initial(con)
+    for a in rec["actions"]:
+        nest = nest.apply(a)
+    assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0                # replays to a correct nest
+    padded = LoopNest.initial(con)
+    for _ in range(3):
+        assert padded.apply(PAD).key == padded.key                            # padding never changes the nest
+        padded = padded.apply("down")
+    demos = [{"sizes": [64, 96, 128], "actions": ["down", "split_16", "down", "swap_up"] + [PAD] * 6},
+             {"sizes": [200, 72, 40], "actions": ["split_8", "down", "down", "swap_up", "split_4"] + [PAD] * 5}]
+    policy = Policy(clone(demos, hidden=64, epochs=600))
+    for d in demos:
+        assert policy.schedule(matmul(*d["sizes"])).actions == d["actions"]
+    path = tmp_path / "demos.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in demos))
+    out = tmp_path / "bc.pt"
+    assert imitate_main(["train", "--demos", str(path), "--out", str(out), "--epochs", "50"]) == 0
+    assert Policy.load(out).meta["demonstrations"] == 2

@@ -1,0 +1,149 @@
+"""Distilling search into the policy: expert iteration for LoopTune.
+
+DQN's policy is trained on rewards alone, and its results swing from seed to seed; the searches
+(§4) find better nests but spend seconds per contraction.  Here the searches become the teacher,
+as in expert iteration (Anthony et al. 2017): for each training contraction a search and the
+current policy propose action paths, the faster nest's path is kept as a demonstration, and the
+network learns to take the demonstrated action from every state along it (behaviour cloning; the
+ten outputs trained as logits, so ``Policy`` acts on them unchanged).  Scheduling stays a forward
+pass per action: the search's time is paid once, offline.
+
+A demonstration shorter than the episode is padded with ``up``: moving the cursor never changes
+what the nest computes, so the padded path ends on the search's nest.
+
+    python -m adaptune.looptune.imitate demos --out demos.jsonl --pool 96 --off-grid 48
+    python -m adaptune.looptune.imitate train --demos demos.jsonl --out bc.pt
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .dqn import WEIGHTS, Config, Policy, QNetwork, policy_input
+from .evaluate import Evaluator
+from .nest import ACTIONS, Contraction, LoopNest, matmul
+from .search import SEARCHES
+
+log = logging.getLogger(__name__)
+PAD = "up"
+
+
+def demonstrate(con: Contraction, teacher: Policy | None, *, search: str = "beam-dfs2",
+                time_limit: float = 10.0, steps: int = 10, timing: dict | None = None) -> dict:
+    """The best path of ``search`` and ``teacher``'s path on ``con``, whichever nest measured faster,
+    padded to ``steps`` actions: {"sizes", "actions", "gflops", "source", "measured"} (nests built)."""
+    ev = Evaluator(con, **(timing or {}))
+    found = SEARCHES[search](LoopNest.initial(con), ev, steps=steps, time_limit=time_limit)
+    best = (found.gflops, found.actions, search)
+    if teacher is not None:
+        choice = teacher.schedule(con)
+        value = ev(choice.nest)
+        if value > best[0]:
+            best = (value, choice.actions, "policy")
+    gflops, actions, source = best
+    return {"sizes": [n for _, n in con.sizes], "actions": list(actions) + [PAD] * (steps - len(actions)),
+            "gflops": gflops, "source": source, "measured": ev.evaluations}
+
+
+def samples(demos: Sequence[dict], steps: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """(observations, demonstrated actions) at every state along the demonstrations."""
+    obs, acts = [], []
+    for d in demos:
+        nest = LoopNest.initial(matmul(*d["sizes"]))
+        for t, a in enumerate(d["actions"][:steps]):
+            obs.append(policy_input(nest, 1.0 - t / steps))
+            acts.append(ACTIONS.index(a))
+            nest = nest.apply(a)
+    return torch.as_tensor(np.stack(obs)), torch.as_tensor(acts)
+
+
+def clone(demos: Sequence[dict], *, init: QNetwork | None = None, hidden: int = 256, epochs: int = 300,
+          lr: float = 1e-3, weight_decay: float = 1e-4, seed: int = 0) -> QNetwork:
+    """A network whose argmax takes the demonstrated action (cross-entropy, full batch, Adam);
+    ``init`` starts it from trained weights instead of random ones."""
+    torch.manual_seed(seed)
+    q = QNetwork(hidden)
+    if init is not None:
+        q.load_state_dict(init.state_dict())
+    x, y = samples(demos)
+    opt = torch.optim.Adam(q.parameters(), lr=lr, weight_decay=weight_decay)
+    for epoch in range(epochs):
+        loss = nn.functional.cross_entropy(q(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if (epoch + 1) % 100 == 0:
+            with torch.no_grad():
+                acc = float((q(x).argmax(1) == y).float().mean())
+            log.info("epoch %d: loss %.3f, %.0f%% of demonstrated actions taken", epoch + 1, loss.item(), 100 * acc)
+    return q.eval()
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .dataset import off_grid, split
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demos", help="search training contractions; append one demonstration per line to --out")
+    d.add_argument("--out", required=True)
+    d.add_argument("--pool", type=int, default=96, help="grid matmuls of the training split")
+    d.add_argument("--off-grid", type=int, default=48, help="random sizes off the grid")
+    d.add_argument("--off-grid-range", type=int, nargs=2, default=(48, 512), metavar=("LO", "HI"))
+    d.add_argument("--search", default="beam-dfs2", choices=sorted(SEARCHES))
+    d.add_argument("--time-limit", type=float, default=10.0, help="seconds of search per contraction")
+    d.add_argument("--teacher", default=str(WEIGHTS), help="policy whose path competes with the search's ('' for none)")
+    d.add_argument("--seed", type=int, default=7)
+    t = sub.add_parser("train", help="clone the demonstrations into a policy")
+    t.add_argument("--demos", nargs="+", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--init", default="", help="start from these weights (default: random)")
+    t.add_argument("--epochs", type=int, default=300)
+    t.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.set_num_threads(1)
+    if args.cmd == "demos":
+        train_set, _ = split()
+        rng = np.random.default_rng(args.seed)
+        pool = [train_set[i] for i in rng.permutation(len(train_set))[:args.pool]]
+        pool += off_grid(args.off_grid, args.seed, *args.off_grid_range)
+        out = Path(args.out)
+        done = {tuple(r["sizes"]) for r in _read(out)}          # resumable: a line per finished contraction
+        teacher = Policy.load(args.teacher) if args.teacher else None
+        t0 = time.perf_counter()
+        for i, con in enumerate(pool):
+            if tuple(n for _, n in con.sizes) in done:
+                continue
+            rec = demonstrate(con, teacher, search=args.search, time_limit=args.time_limit,
+                              timing={"warmup": 1, "repeat": 3, "min_repeat_ms": 1})
+            with out.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+            log.info("%d/%d %s: %.1f GFLOPS from %s, %.0f s", i + 1, len(pool), con.name, rec["gflops"],
+                     rec["source"], time.perf_counter() - t0)
+        return 0
+    demos = [r for p in args.demos for r in _read(Path(p))]
+    if not demos:
+        ap.error(f"no demonstrations in {' '.join(args.demos)}")
+    init = Policy.load(args.init).q if args.init else None
+    q = clone(demos, init=init, epochs=args.epochs, seed=args.seed)
+    cfg = Config(seed=args.seed)
+    Policy(q, cfg.steps).save(args.out, cfg, pool=[matmul(*r["sizes"]).name for r in demos],
+                              demonstrations=len(demos), init=args.init,
+                              nests_measured=sum(r.get("measured", 0) for r in demos))
+    log.info("wrote %s from %d demonstrations", args.out, len(demos))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
