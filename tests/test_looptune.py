@@ -269,3 +269,9 @@ def test_imitation_demonstrates_the_faster_path_and_clones_it(tmp_path):
     out = tmp_path / "bc.pt"
     assert imitate_main(["train", "--demos", str(path), "--out", str(out), "--epochs", "50"]) == 0
     assert Policy.load(out).meta["demonstrations"] == 2
+    (tmp_path / "bad.jsonl").write_text('{"sizes": [8, 8, 8], "actions": ["jump"]}\n')
+    for bad in (["--demos", str(tmp_path / "bad.jsonl")], ["--demos", str(tmp_path / "none.jsonl")],
+                ["--demos", str(path), "--init", str(tmp_path / "none.pt")]):
+        with pytest.raises(SystemExit) as exit_:
+            imitate_main(["train", *bad, "--out", str(tmp_path / "x.pt")])
+        assert exit_.value.code == 2 and not (tmp_path / "x.pt").exists()

@@ -11,8 +11,13 @@ pass per action: the search's time is paid once, offline.
 A demonstration shorter than the episode is padded with ``up``: moving the cursor never changes
 what the nest computes, so the padded path ends on the search's nest.
 
-    python -m adaptune.looptune.imitate demos --out demos.jsonl --pool 96 --off-grid 48
-    python -m adaptune.looptune.imitate train --demos demos.jsonl --out bc.pt
+    # the shipped policy.pt: two rounds from DQN's seed 5 (dqn.py), 27 min of search each here
+    python -m adaptune.looptune.imitate demos --out round1.jsonl --pool 96 --off-grid 64 --seed 7 --teacher seed5.pt
+    python -m adaptune.looptune.imitate train --demos round1.jsonl --init seed5.pt --out r1.pt
+    python -m adaptune.looptune.imitate demos --out round2.jsonl --pool 64 --off-grid 96 --seed 8 --teacher r1.pt
+    python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl --init r1.pt --out policy.pt
+
+The demonstrations of those two rounds are in ``demos/``; training from them is deterministic.
 """
 from __future__ import annotations
 
@@ -132,15 +137,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("%d/%d %s: %.1f GFLOPS from %s, %.0f s", i + 1, len(pool), con.name, rec["gflops"],
                      rec["source"], time.perf_counter() - t0)
         return 0
-    demos = [r for p in args.demos for r in _read(Path(p))]
+    try:
+        demos = [r for p in args.demos for r in _read(Path(p))]
+        for r in demos:
+            for a in r["actions"]:
+                ACTIONS.index(a)
+        init = Policy.load(args.init) if args.init else None
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        ap.error(f"cannot read demonstrations or --init weights: {e}")
     if not demos:
         ap.error(f"no demonstrations in {' '.join(args.demos)}")
-    init = Policy.load(args.init).q if args.init else None
-    q = clone(demos, init=init, epochs=args.epochs, seed=args.seed)
+    q = clone(demos, init=init.q if init else None, epochs=args.epochs, seed=args.seed)
     cfg = Config(seed=args.seed)
-    Policy(q, cfg.steps).save(args.out, cfg, pool=[matmul(*r["sizes"]).name for r in demos],
-                              demonstrations=len(demos), init=args.init,
-                              nests_measured=sum(r.get("measured", 0) for r in demos))
+    # what the weights learned from: the initial network's training, then the demonstrations
+    prior = init.meta if init else {}
+    pool = sorted(set(prior.get("pool", [])) | {matmul(*r["sizes"]).name for r in demos})
+    Policy(q, cfg.steps).save(args.out, cfg, pool=pool, demonstrations=len(demos), init=args.init,
+                              episodes=prior.get("episodes", 0),
+                              nests_measured=prior.get("nests_measured", 0) + sum(r.get("measured", 0) for r in demos))
     log.info("wrote %s from %d demonstrations", args.out, len(demos))
     return 0
 
