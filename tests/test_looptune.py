@@ -275,3 +275,19 @@ def test_imitation_demonstrates_the_faster_path_and_clones_it(tmp_path):
         with pytest.raises(SystemExit) as exit_:
             imitate_main(["train", *bad, "--out", str(tmp_path / "x.pt")])
         assert exit_.value.code == 2 and not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("con", [matmul(150, 150, 40), conv2d(3, 5, 52, 50)], ids=["matmul", "conv2d"])
+def test_a_tail_split_further_is_still_padded(con):
+    """A tail that a later split hides (150 = 10 (tail 6) x 16, the 10 split by 2: no loop shows a
+    tail) still overshoots the dimension: the unit-stride one runs padded, the others keep their
+    bounds test, and the result is right."""
+    nest = LoopNest.initial(con).apply("split_16").apply("split_2")             # matmul's i, conv's f
+    nest = nest.apply("down").apply("down").apply("down")
+    if con.kind == "conv2d":
+        nest = nest.apply("down")                                               # past y
+    nest = nest.apply("split_16").apply("split_2")                              # j or x
+    assert not any(lp.tail for lp in nest.loops)
+    assert nest._overshoots(con.dims[0]) and nest._overshoots(nest.vector_dim())
+    assert "B_pad" in nest.schedule().mod.script() or "I_pad" in nest.schedule().mod.script()
+    assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0                # raises if the result is wrong

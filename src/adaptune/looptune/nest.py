@@ -268,6 +268,11 @@ class LoopNest:
         return next((d for d in self.contraction.dims if self.contraction.write.stride(d) == 1
                      and d not in self.contraction.reduce), None)
 
+    def _overshoots(self, dim: str) -> bool:
+        """Whether ``dim``'s split chain covers more than its extent: a split left a tail, which a
+        later split of the same loop no longer shows in any ``Loop.tail``."""
+        return math.prod(lp.extent for lp in self._chain(dim)) != self.contraction.size(dim)
+
     def _unit_in(self, dim: str, loops) -> bool:
         """Whether ``loops`` hold ``dim``'s step-1 loop (the one a vector can run along)."""
         return any(lp.dim == dim and self.step(lp) == 1 for lp in loops)
@@ -285,7 +290,8 @@ class LoopNest:
         lanes, regs = vector_isa(target if target is not None else host_target())
         vec = self.vector_dim()
         vec_chain = self._chain(vec) if vec else []
-        padded = math.prod(lp.extent for lp in vec_chain) if any(lp.tail for lp in vec_chain) else None
+        # a chain whose extents overshoot the dimension (a tail, possibly split further since)
+        padded = math.prod(lp.extent for lp in vec_chain) if vec and self._overshoots(vec) else None
         sch = s_tir.Schedule(con.te_func(padded))
         for name in (("B_pad" if con.kind == "matmul" else "I_pad"), "C_out") if padded else ():
             # the padding copies run serial, vectorised: a parallel launch costs more than they do
