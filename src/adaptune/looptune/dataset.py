@@ -36,3 +36,10 @@ def off_grid(count: int, seed: int, lo: int = 64, hi: int = 256) -> list[Contrac
         if c not in held and c not in out and any(n not in SIZES for _, n in c.sizes):
             out.append(c)
     return out
+
+
+def training_pool(grid: int, off: int, seed: int, lo: int = 64, hi: int = 256) -> list[Contraction]:
+    """What a training run sees: ``grid`` matmuls of the training split (a seeded draw) and ``off``
+    sizes off the grid in lo..hi (``off_grid``, same seed)."""
+    train = split()[0]
+    return [train[i] for i in np.random.default_rng(seed).permutation(len(train))[:grid]] + off_grid(off, seed, lo, hi)

@@ -282,7 +282,7 @@ def select(policies: dict[str, Policy], contractions: Sequence[Contraction], rou
 def main(argv: Sequence[str] | None = None) -> int:
     """Reproduce the shipped policy: train on the paper's matmuls (held-out split excluded) with
     real measurements, saving the weights as it goes."""
-    from .dataset import off_grid, split
+    from .dataset import training_pool
     from .evaluate import peak_gflops
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--episodes", type=int, default=Config.episodes)
@@ -312,9 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     torch.set_num_threads(1)       # a small network; keep torch's threads from spinning beside TVM's timed runs
     cfg = Config(episodes=args.episodes, seed=args.seed)
-    train_set, _ = split()
-    pool = [train_set[i] for i in np.random.default_rng(args.seed).permutation(len(train_set))[:args.pool]]
-    pool += off_grid(args.off_grid, args.seed, *args.off_grid_range)
+    pool = training_pool(args.pool, args.off_grid, args.seed, *args.off_grid_range)
     peak = peak_gflops()
     # quicker timing than the benchmark's: training measures thousands of states
     env = LoopTuneEnv(pool, steps=cfg.steps, peak=peak, timing={"warmup": 1, "repeat": 3, "min_repeat_ms": 1})

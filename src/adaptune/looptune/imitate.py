@@ -97,7 +97,8 @@ def _read(path: Path) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .dataset import off_grid, split
+    from ..measure.workdir import repair_jsonl
+    from .dataset import training_pool
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demos", help="search training contractions; append one demonstration per line to --out")
@@ -119,13 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
     if args.cmd == "demos":
-        train_set, _ = split()
-        rng = np.random.default_rng(args.seed)
-        pool = [train_set[i] for i in rng.permutation(len(train_set))[:args.pool]]
-        pool += off_grid(args.off_grid, args.seed, *args.off_grid_range)
+        pool = training_pool(args.pool, args.off_grid, args.seed, *args.off_grid_range)
         out = Path(args.out)
+        repair_jsonl(out)                                        # a run killed mid-write loses one line
         done = {tuple(r["sizes"]) for r in _read(out)}          # resumable: a line per finished contraction
-        teacher = Policy.load(args.teacher) if args.teacher else None
+        try:
+            teacher = Policy.load(args.teacher) if args.teacher else None
+        except (OSError, RuntimeError, KeyError) as e:
+            ap.error(f"cannot load --teacher weights {args.teacher}: {e}")
         t0 = time.perf_counter()
         for i, con in enumerate(pool):
             if tuple(n for _, n in con.sizes) in done:
