@@ -280,8 +280,7 @@ def test_imitation_demonstrates_the_faster_path_and_clones_it(tmp_path):
 @pytest.mark.parametrize("con", [matmul(150, 150, 40), conv2d(3, 5, 52, 50)], ids=["matmul", "conv2d"])
 def test_a_tail_split_further_is_still_padded(con):
     """A tail that a later split hides (150 = 10 (tail 6) x 16, the 10 split by 2: no loop shows a
-    tail) still overshoots the dimension: the unit-stride one runs padded, the others keep their
-    bounds test, and the result is right."""
+    tail) still overshoots the dimension: both run padded, and the result is right."""
     nest = LoopNest.initial(con).apply("split_16").apply("split_2")             # matmul's i, conv's f
     nest = nest.apply("down").apply("down").apply("down")
     if con.kind == "conv2d":
@@ -290,4 +289,21 @@ def test_a_tail_split_further_is_still_padded(con):
     assert not any(lp.tail for lp in nest.loops)
     assert nest._overshoots(con.dims[0]) and nest._overshoots(nest.vector_dim())
     assert "B_pad" in nest.schedule().mod.script() or "I_pad" in nest.schedule().mod.script()
+    assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0                # raises if the result is wrong
+
+
+@pytest.mark.parametrize("m, rows, copies", [(65, 8, "per thread"), (299, 4, "once")])
+def test_tails_run_padded_and_each_thread_pads_what_it_reads(m, rows, copies):
+    """Both output dimensions overshoot (i by its register-tile rows, j = 200 by 16): i clamps its
+    reads, j reads a zero-padded copy of B, and the tile's write-back is the copy to the output.
+    The copy is made inside the parallel loop when that repeats it at most PACK_REDUNDANCY times
+    (9 tiles of i here), else once before it (75 here)."""
+    con = matmul(m, 200, 120)
+    nest = LoopNest.initial(con).apply(f"split_{rows}").apply("down").apply("down").apply("split_16").apply("swap_up")
+    assert [(lp.dim, lp.extent) for lp in nest.loops] == [("i", -(-m // rows)), ("j", 13), ("i", rows), ("j", 16), ("k", 120)]
+    assert nest._pack_volume(0) == -(-m // rows) * nest._pack_volume(-1)
+    script = nest.schedule().mod.script()
+    pad, par = script.index('T.sblock("B_pad")'), script.index("T.parallel")
+    assert (pad > par) == (copies == "per thread")
+    assert "T.min(v_i, %d)" % (m - 1) in script and "C_global" not in script and "C_local" in script
     assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0                # raises if the result is wrong

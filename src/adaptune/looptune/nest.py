@@ -25,6 +25,9 @@ MAX_LOOPS = 10           # compute-nest loops; a split past this is a no-op
 HIST_BINS = 16           # stride histogram bins 2^0 .. 2^15 (the last also takes larger strides)
 FEATURES = 4 + HIST_BINS  # cursor, size, tail, write-nest flag, histogram (§3.3: 20 per loop)
 MAX_ROWS = 2 * MAX_LOOPS  # compute nest plus write nest
+# a padded input copied per thread may repeat the whole copy up to this many times (measured on
+# the policy's off-grid nests: 9 times still won, 63-105 lost to one copy)
+PACK_REDUNDANCY = 16
 
 
 @dataclass(frozen=True)
@@ -70,35 +73,48 @@ class Contraction:
     def name(self) -> str:
         return f"{self.kind}_" + "x".join(str(n) for _, n in self.sizes)
 
-    def te_func(self, padded: int | None = None):
-        """The contraction as a TE PrimFunc module (TVM generates code from it).  ``padded``: compute
-        the output's unit-stride dimension (matmul's n, convolution's x) over that larger extent, on
-        zero-padded inputs, into a buffer the output is copied from, so a split of it with a tail
-        needs no per-lane bounds test (which stops TVM from vectorising the loop)."""
+    def te_func(self, pads: dict[str, int] | None = None):
+        """The contraction as a TE PrimFunc module (TVM generates code from it).  ``pads``: output
+        dimensions computed over a larger extent (their split chain's product), into a buffer the
+        output is copied from (``C_out``), so a split with a tail needs no bounds test, which would
+        sit inside the register tile and, on the unit-stride dimension (matmul's j, convolution's
+        x), on every lane and stop TVM from vectorising.  The unit-stride dimension reads a
+        zero-padded copy of its input (``B_pad``, ``I_pad``); the others clamp their index into the
+        input, computing rows that the copy to the output drops."""
         from .._tvm import tvm
         from tvm import te
+        pads = pads or {}
+        ext = {d: pads.get(d, n) for d, n in self.sizes}
+
+        def clamp(dim, v):
+            return te.min(v, self.size(dim) - 1) if dim in pads else v
+
+        def finish(inputs, comp):
+            if not pads:
+                return tvm.IRModule({"main": te.create_prim_func([*inputs, comp])})
+            shape = tuple(self.size(d) for d in self.dims if d not in self.reduce)
+            out = te.compute(shape, lambda *ix: comp(*ix), name="C_out")
+            return tvm.IRModule({"main": te.create_prim_func([*inputs, out])})
+
         if self.kind == "matmul":
             (_, m), (_, n), (_, k) = self.sizes
             a = te.placeholder((m, k), name="A")
             b = te.placeholder((k, n), name="B")
             rk = te.reduce_axis((0, k), name="k")
-            if padded is None:
-                c = te.compute((m, n), lambda i, j: te.sum(a[i, rk] * b[rk, j], axis=rk), name="C")
-                return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
-            bp = te.compute((k, padded), lambda kk, j: te.if_then_else(j < n, b[kk, j], 0.0), name="B_pad")
-            cp = te.compute((m, padded), lambda i, j: te.sum(a[i, rk] * bp[rk, j], axis=rk), name="C")
-            out = te.compute((m, n), lambda i, j: cp[i, j], name="C_out")
-            return tvm.IRModule({"main": te.create_prim_func([a, b, out])})
+            bp = b if "j" not in pads else te.compute(
+                (k, ext["j"]), lambda kk, j: te.if_then_else(j < n, b[kk, j], 0.0), name="B_pad")
+            c = te.compute((ext["i"], ext["j"]), lambda i, j: te.sum(a[clamp("i", i), rk] * bp[rk, j], axis=rk),
+                           name="C")
+            return finish([a, b], c)
         f, y, x, c, r, s = (n for _, n in self.sizes)
         src = te.placeholder((c, y + r - 1, x + s - 1), name="I")
         w = te.placeholder((f, c, r, s), name="W")
-        data = src if padded is None else te.compute((c, y + r - 1, padded + s - 1), lambda cc, yy, xx: (
+        data = src if "x" not in pads else te.compute((c, y + r - 1, ext["x"] + s - 1), lambda cc, yy, xx: (
             te.if_then_else(xx < x + s - 1, src[cc, yy, xx], 0.0)), name="I_pad")
         rc, rr, rs = (te.reduce_axis((0, n), name=d) for d, n in (("c", c), ("r", r), ("s", s)))
-        conv = te.compute((f, y, padded or x), lambda ff, yy, xx: te.sum(
-            data[rc, yy + rr, xx + rs] * w[ff, rc, rr, rs], axis=[rc, rr, rs]), name="C")
-        out = conv if padded is None else te.compute((f, y, x), lambda ff, yy, xx: conv[ff, yy, xx], name="C_out")
-        return tvm.IRModule({"main": te.create_prim_func([src, w, out])})
+        conv = te.compute((ext["f"], ext["y"], ext["x"]), lambda ff, yy, xx: te.sum(
+            data[rc, clamp("y", yy) + rr, xx + rs] * w[clamp("f", ff), rc, rr, rs], axis=[rc, rr, rs]), name="C")
+        return finish([src, w], conv)
 
     def random_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         return [rng.standard_normal(a.shape, dtype=np.float32) for a in self.reads]
@@ -277,26 +293,32 @@ class LoopNest:
         """Whether ``loops`` hold ``dim``'s step-1 loop (the one a vector can run along)."""
         return any(lp.dim == dim and self.step(lp) == 1 for lp in loops)
 
+    def _pack_volume(self, p: int) -> int:
+        """Elements the padded copy of the unit-stride input writes when it is made inside loop
+        ``p`` of the nest (once per iteration of the loops down to ``p``; -1: once, whole)."""
+        con = self.contraction
+        read = next(a for a in con.reads if a.stride(self.vector_dim()) == 1)
+        span = {d: math.prod(lp.extent for lp in self.loops[p + 1:] if lp.dim == d) for d in con.dims}
+        region = math.prod(sum((span[d] - 1) * c for d, c in terms) + 1 for terms in read.index)
+        return math.prod(lp.extent for lp in self.loops[:p + 1]) * region
+
     def schedule(self, target=None):
         """The nest as a TVM schedule, finished as LoopNest finishes it: the agent's loop order and
         splits stay; the innermost block whose output tile fits the register file (``register_block``)
         accumulates in a local buffer (registers) over its reduction loops, its reduction loops
         outside its output loops, which are unrolled, the step-1 loop of the unit-stride output
-        dimension innermost and vectorised; the outermost loop runs parallel when it is an output loop."""
+        dimension innermost and vectorised; the outermost loop runs parallel when it is an output loop.
+        Output dimensions whose split chain overshoots them are computed padded (``te_func``)."""
         from .._tvm import s_tir
         from ..measure.target import host_target
         from ..search.expert import vector_isa
         con = self.contraction
         lanes, regs = vector_isa(target if target is not None else host_target())
         vec = self.vector_dim()
-        vec_chain = self._chain(vec) if vec else []
-        # a chain whose extents overshoot the dimension (a tail, possibly split further since)
-        padded = math.prod(lp.extent for lp in vec_chain) if vec and self._overshoots(vec) else None
-        sch = s_tir.Schedule(con.te_func(padded))
-        for name in (("B_pad" if con.kind == "matmul" else "I_pad"), "C_out") if padded else ():
-            # the padding copies run serial, vectorised: a parallel launch costs more than they do
-            # (90x90x90: 35 GFLOPS with parallel copies, 58-60 serial)
-            sch.vectorize(sch.get_loops(sch.get_sblock(name))[-1])
+        # output dimensions whose split chain overshoots them (a tail, possibly split further since)
+        pads = {d: math.prod(lp.extent for lp in self._chain(d)) for d in con.dims
+                if d not in con.reduce and self._overshoots(d)}
+        sch = s_tir.Schedule(con.te_func(pads))
         block = sch.get_sblock("C")
         rvs = dict(zip(con.dims, sch.get_loops(block)))
         by_loop = {}
@@ -311,19 +333,40 @@ class LoopNest:
         reduce = [lp for lp in inner if lp.dim in con.reduce]
         order = outer + reduce + tile + unit
         sch.reorder(*(by_loop[lp] for lp in order))
+        copies = ["B_pad" if con.kind == "matmul" else "I_pad"] if vec in pads else []
+        parallel = bool(outer) and outer[0].dim not in con.reduce and outer[0].extent > 1
         if reduce and tile + unit:
-            # the tile's accumulators: a local buffer, written back after the block's reductions
-            write = sch.cache_write(block, 0, "local")
+            # the tile's accumulators: a local buffer, written back after the block's reductions;
+            # with padding the copy to the output is that write-back, bounds-tested per tile
+            if pads:
+                sch.set_scope(block, 0, "local")
+                write = sch.get_sblock("C_out")
+            else:
+                write = sch.cache_write(block, 0, "local")
             if outer:
                 sch.reverse_compute_at(write, by_loop[outer[-1]], preserve_unit_loops=True)
             if unit:
                 sch.vectorize(sch.get_loops(write)[-1])
+        elif pads:
+            copies.append("C_out")
+        if copies and parallel:
+            # each thread pads what it reads, where that copies least (once per iteration of the
+            # loops down to there): a copy the main thread makes reaches the other core's cache
+            # line by line (65x200x120: 40 us against 24 without padding; per thread, 9 times the
+            # data, 31 us); past PACK_REDUNDANCY times the whole copy, one copy is cheaper
+            p = min(range(len(outer)), key=lambda p: (self._pack_volume(p), p))
+            if self._pack_volume(p) <= PACK_REDUNDANCY * self._pack_volume(-1):
+                sch.compute_at(sch.get_sblock(copies[0]), by_loop[outer[p]], preserve_unit_loops=True)
+        for name in copies:
+            # the padding copies run serial, vectorised: a parallel launch costs more than they do
+            # (90x90x90: 35 GFLOPS with parallel copies, 58-60 serial)
+            sch.vectorize(sch.get_loops(sch.get_sblock(name))[-1])
         for lp in tile:
             if lp.extent > 1:
                 sch.unroll(by_loop[lp])
         if unit:
             sch.vectorize(by_loop[unit[0]])
-        if outer and outer[0].dim not in con.reduce and outer[0].extent > 1:
+        if parallel:
             sch.parallel(by_loop[outer[0]])
         first_reduction = next(lp for lp in order if lp.dim in con.reduce)
         init = sch.decompose_reduction(block, by_loop[first_reduction])
