@@ -294,8 +294,8 @@ def test_a_tail_split_further_is_still_padded(con):
 
 @pytest.mark.parametrize("m, rows, copies", [(65, 8, "per thread"), (299, 4, "once")])
 def test_tails_run_padded_and_each_thread_pads_what_it_reads(m, rows, copies):
-    """Both output dimensions overshoot (i by its register-tile rows, j = 200 by 16): i clamps its
-    reads, j reads a zero-padded copy of B, and the tile's write-back is the copy to the output.
+    """Both output dimensions overshoot (i by its register-tile rows, j = 200 by 16): i, computed
+    over whole tiles, clamps its reads, j reads a zero-padded copy of B, and the tile's write-back is the copy to the output.
     The copy is made inside the parallel loop when that repeats it at most PACK_REDUNDANCY times
     (9 tiles of i here), else once before it (75 here)."""
     con = matmul(m, 200, 120)
@@ -306,4 +306,16 @@ def test_tails_run_padded_and_each_thread_pads_what_it_reads(m, rows, copies):
     pad, par = script.index('T.sblock("B_pad")'), script.index("T.parallel")
     assert (pad > par) == (copies == "per thread")
     assert "T.min(v_i, %d)" % (m - 1) in script and "C_global" not in script and "C_local" in script
+    assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0                # raises if the result is wrong
+
+
+def test_a_tail_outside_the_register_tile_skips_whole_tiles():
+    """i = 72 split 36 x 2, the 36 split by 16 (3, tail 4): the chain overshoots, but 72 is whole
+    2-row tiles, so nothing is padded and the test on the outer loops skips the tiles past the end."""
+    con = matmul(72, 40, 16)
+    nest = LoopNest.initial(con).apply("split_2").apply("split_16")
+    assert [(lp.dim, lp.extent, lp.tail) for lp in nest.loops] == [("i", 3, 4), ("i", 16, 0), ("i", 2, 0), ("j", 40, 0), ("k", 16, 0)]
+    assert nest._overshoots("i") and nest.register_block(lanes=16, regs=32) == 2
+    script = nest.schedule().mod.script()
+    assert "T.min" not in script and "C_out" not in script and '"local"' in script
     assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0                # raises if the result is wrong

@@ -316,17 +316,36 @@ class LoopNest:
         lanes, regs = vector_isa(target if target is not None else host_target())
         vec = self.vector_dim()
         # output dimensions whose split chain overshoots them (a tail, possibly split further since)
-        pads = {d: math.prod(lp.extent for lp in self._chain(d)) for d in con.dims
-                if d not in con.reduce and self._overshoots(d)}
+        start = self.register_block(lanes, regs)
+        # per dimension, the extent of its loops inside the register tile (innermost in its chain)
+        span = {d: math.prod(lp.extent for lp in self.loops[start:] if lp.dim == d) for d in con.dims}
+        # output dimensions whose split chain overshoots them (a tail, possibly split further since):
+        # the unit-stride one is computed over the chain's whole extent, the others over whole
+        # tiles, their chain's tail then a test on the loops outside the tile, where it skips tiles
+        pads = {}
+        for d in con.dims:
+            if d in con.reduce or not self._overshoots(d):
+                continue
+            if d == vec:
+                pads[d] = math.prod(lp.extent for lp in self._chain(d))
+            elif con.size(d) % span[d]:
+                pads[d] = -(-con.size(d) // span[d]) * span[d]
         sch = s_tir.Schedule(con.te_func(pads))
         block = sch.get_sblock("C")
         rvs = dict(zip(con.dims, sch.get_loops(block)))
         by_loop = {}
         for dim in con.dims:
             chain = self._chain(dim)
-            parts = sch.split(rvs[dim], factors=[lp.extent for lp in chain]) if len(chain) > 1 else [rvs[dim]]
+            inside = sum(1 for lp in self.loops[start:] if lp.dim == dim)
+            if dim != vec and dim not in con.reduce and self._overshoots(dim) and inside:
+                # whole tiles first (exact), then the chain's outer loops over them
+                tiles, rows = sch.split(rvs[dim], factors=[None, span[dim]])
+                outs, ins = chain[:-inside], chain[-inside:]
+                parts = sch.split(tiles, factors=[lp.extent for lp in outs]) if len(outs) > 1 else [tiles]
+                parts += sch.split(rows, factors=[lp.extent for lp in ins]) if len(ins) > 1 else [rows]
+            else:
+                parts = sch.split(rvs[dim], factors=[lp.extent for lp in chain]) if len(chain) > 1 else [rvs[dim]]
             by_loop.update(zip(chain, parts))
-        start = self.register_block(lanes, regs)
         outer, inner = list(self.loops[:start]), list(self.loops[start:])
         unit = [lp for lp in inner if lp.dim == vec and self.step(lp) == 1 and lp.extent > 1]   # 0 or 1 loop
         tile = [lp for lp in inner if lp.dim not in con.reduce and lp not in unit]
