@@ -319,3 +319,18 @@ def test_a_tail_outside_the_register_tile_skips_whole_tiles():
     script = nest.schedule().mod.script()
     assert "T.min" not in script and "C_out" not in script and '"local"' in script
     assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0                # raises if the result is wrong
+
+
+def test_looptune_gives_tvm_workers_a_bounded_spin_unless_the_user_chose():
+    """LoopTune times bare kernels back to back against numpy's spinning BLAS threads, so its
+    Evaluator sets TVM's spin count (before TVM's pool starts), but never over the user's."""
+    import os
+    import subprocess
+    import sys
+    code = ("import os; from adaptune.looptune import matmul; from adaptune.looptune.evaluate import Evaluator; "
+            "Evaluator(matmul(4, 4, 4)); print(os.environ['TVM_THREAD_POOL_SPIN_COUNT'])")
+    env = {k: v for k, v in os.environ.items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}
+    run = lambda e: subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,  # noqa: E731
+                                   check=True).stdout.split()[-1]
+    assert run(env) == "10000"
+    assert run({**env, "TVM_THREAD_POOL_SPIN_COUNT": "0"}) == "0"

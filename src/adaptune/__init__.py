@@ -22,6 +22,7 @@ if "OMP_WAIT_POLICY" not in os.environ:
 if "TVM_NUM_THREADS" not in os.environ:
     import psutil
     os.environ["TVM_NUM_THREADS"] = str(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+TVM_SPIN_CHOSEN = "TVM_THREAD_POOL_SPIN_COUNT" in os.environ   # by the user; LoopTune leaves it then
 os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 
 __version__ = "0.1.0"
