@@ -334,3 +334,14 @@ def test_looptune_gives_tvm_workers_a_bounded_spin_unless_the_user_chose():
                                    check=True).stdout.split()[-1]
     assert run(env) == "10000"
     assert run({**env, "TVM_THREAD_POOL_SPIN_COUNT": "0"}) == "0"
+
+
+def test_a_tail_off_the_unit_stride_dimension_with_no_register_tile_builds():
+    """A nest whose innermost loops hold no reduction (no register tile): i's tail is padded and
+    copied out serially; only a padded input is ever moved into the parallel loop."""
+    con = matmul(123, 168, 360)
+    nest = LoopNest.initial(con)
+    for a in ["swap_down", "swap_down", "down", "split_16", "up", "split_2", "split_16", "split_4", "split_8", "split_16"]:
+        nest = nest.apply(a)
+    assert [lp.dim for lp in nest.loops] == ["j", "k", "k", "k", "k", "i", "i"] and nest._overshoots("i")
+    assert Evaluator(con, repeat=1, warmup=1).seconds(nest) > 0                # raises if the result is wrong

@@ -368,7 +368,7 @@ class LoopNest:
                 sch.vectorize(sch.get_loops(write)[-1])
         elif pads:
             copies.append("C_out")
-        if copies and parallel:
+        if vec in pads and parallel:
             # each thread pads what it reads, where that copies least (once per iteration of the
             # loops down to there): a copy the main thread makes reaches the other core's cache
             # line by line (65x200x120: 40 us against 24 without padding; per thread, 9 times the
