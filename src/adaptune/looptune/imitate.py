@@ -11,13 +11,16 @@ pass per action: the search's time is paid once, offline.
 A demonstration shorter than the episode is padded with ``up``: moving the cursor never changes
 what the nest computes, so the padded path ends on the search's nest.
 
-    # the shipped policy.pt: two rounds from DQN's seed 5 (dqn.py), 27 min of search each here
+    # the shipped policy.pt: three rounds from DQN's seed 5 (dqn.py), 16-27 min of search each here
     python -m adaptune.looptune.imitate demos --out round1.jsonl --pool 96 --off-grid 64 --seed 7 --teacher seed5.pt
     python -m adaptune.looptune.imitate train --demos round1.jsonl --init seed5.pt --out r1.pt
     python -m adaptune.looptune.imitate demos --out round2.jsonl --pool 64 --off-grid 96 --seed 8 --teacher r1.pt
-    python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl --init r1.pt --out policy.pt
+    python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl --init r1.pt --out r2.pt
+    python -m adaptune.looptune.imitate demos --out round3.jsonl --pool 32 --off-grid 64 --seed 9 --teacher r2.pt
+    python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl round3.jsonl --init r2.pt --out policy.pt
 
-The demonstrations of those two rounds are in ``demos/``; training from them is deterministic.
+The demonstrations of those rounds are in ``demos/`` (round 3 measured on the back end that pads
+every tail and with TVM's workers spinning); training from them is deterministic.
 """
 from __future__ import annotations
 
