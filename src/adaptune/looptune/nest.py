@@ -322,14 +322,9 @@ class LoopNest:
         # output dimensions whose split chain overshoots them (a tail, possibly split further since):
         # the unit-stride one is computed over the chain's whole extent, the others over whole
         # tiles, their chain's tail then a test on the loops outside the tile, where it skips tiles
-        pads = {}
-        for d in con.dims:
-            if d in con.reduce or not self._overshoots(d):
-                continue
-            if d == vec:
-                pads[d] = math.prod(lp.extent for lp in self._chain(d))
-            elif con.size(d) % span[d]:
-                pads[d] = -(-con.size(d) // span[d]) * span[d]
+        tailed = [d for d in con.dims if d not in con.reduce and self._overshoots(d)]
+        pads = {d: math.prod(lp.extent for lp in self._chain(d)) if d == vec else -(-con.size(d) // span[d]) * span[d]
+                for d in tailed if d == vec or con.size(d) % span[d]}
         sch = s_tir.Schedule(con.te_func(pads))
         block = sch.get_sblock("C")
         rvs = dict(zip(con.dims, sch.get_loops(block)))
@@ -337,7 +332,7 @@ class LoopNest:
         for dim in con.dims:
             chain = self._chain(dim)
             inside = sum(1 for lp in self.loops[start:] if lp.dim == dim)
-            if dim != vec and dim not in con.reduce and self._overshoots(dim) and inside:
+            if dim != vec and dim in tailed and inside:
                 # whole tiles first (exact), then the chain's outer loops over them
                 tiles, rows = sch.split(rvs[dim], factors=[None, span[dim]])
                 outs, ins = chain[:-inside], chain[-inside:]
