@@ -75,7 +75,7 @@ class Contraction:
 
     def te_func(self, pads: dict[str, int] | None = None):
         """The contraction as a TE PrimFunc module (TVM generates code from it).  ``pads``: output
-        dimensions computed over a larger extent (their split chain's product), into a buffer the
+        dimensions computed over a larger extent (``LoopNest.schedule`` picks it), into a buffer the
         output is copied from (``C_out``), so a split with a tail needs no bounds test, which would
         sit inside the register tile and, on the unit-stride dimension (matmul's j, convolution's
         x), on every lane and stop TVM from vectorising.  The unit-stride dimension reads a
@@ -315,7 +315,6 @@ class LoopNest:
         con = self.contraction
         lanes, regs = vector_isa(target if target is not None else host_target())
         vec = self.vector_dim()
-        # output dimensions whose split chain overshoots them (a tail, possibly split further since)
         start = self.register_block(lanes, regs)
         # per dimension, the extent of its loops inside the register tile (innermost in its chain)
         span = {d: math.prod(lp.extent for lp in self.loops[start:] if lp.dim == d) for d in con.dims}
@@ -347,7 +346,8 @@ class LoopNest:
         reduce = [lp for lp in inner if lp.dim in con.reduce]
         order = outer + reduce + tile + unit
         sch.reorder(*(by_loop[lp] for lp in order))
-        copies = ["B_pad" if con.kind == "matmul" else "I_pad"] if vec in pads else []
+        padded_input = ("B_pad" if con.kind == "matmul" else "I_pad") if vec in pads else None
+        copies = [padded_input] if padded_input else []
         parallel = bool(outer) and outer[0].dim not in con.reduce and outer[0].extent > 1
         if reduce and tile + unit:
             # the tile's accumulators: a local buffer, written back after the block's reductions;
@@ -363,14 +363,14 @@ class LoopNest:
                 sch.vectorize(sch.get_loops(write)[-1])
         elif pads:
             copies.append("C_out")
-        if vec in pads and parallel:
+        if padded_input and parallel:
             # each thread pads what it reads, where that copies least (once per iteration of the
             # loops down to there): a copy the main thread makes reaches the other core's cache
             # line by line (65x200x120: 40 us against 24 without padding; per thread, 9 times the
             # data, 31 us); past PACK_REDUNDANCY times the whole copy, one copy is cheaper
             p = min(range(len(outer)), key=lambda p: (self._pack_volume(p), p))
             if self._pack_volume(p) <= PACK_REDUNDANCY * self._pack_volume(-1):
-                sch.compute_at(sch.get_sblock(copies[0]), by_loop[outer[p]], preserve_unit_loops=True)
+                sch.compute_at(sch.get_sblock(padded_input), by_loop[outer[p]], preserve_unit_loops=True)
         for name in copies:
             # the padding copies run serial, vectorised: a parallel launch costs more than they do
             # (90x90x90: 35 GFLOPS with parallel copies, 58-60 serial)
