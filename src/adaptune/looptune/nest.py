@@ -14,6 +14,7 @@ about it cheaply.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -25,9 +26,6 @@ MAX_LOOPS = 10           # compute-nest loops; a split past this is a no-op
 HIST_BINS = 16           # stride histogram bins 2^0 .. 2^15 (the last also takes larger strides)
 FEATURES = 4 + HIST_BINS  # cursor, size, tail, write-nest flag, histogram (§3.3: 20 per loop)
 MAX_ROWS = 2 * MAX_LOOPS  # compute nest plus write nest
-# a padded input copied per thread may repeat the whole copy up to this many times (measured on
-# the policy's off-grid nests: 9 times still won, 63-105 lost to one copy)
-PACK_REDUNDANCY = 16
 
 
 @dataclass(frozen=True)
@@ -293,15 +291,6 @@ class LoopNest:
         """Whether ``loops`` hold ``dim``'s step-1 loop (the one a vector can run along)."""
         return any(lp.dim == dim and self.step(lp) == 1 for lp in loops)
 
-    def _pack_volume(self, p: int) -> int:
-        """Elements the padded copy of the unit-stride input writes when it is made inside loop
-        ``p`` of the nest (once per iteration of the loops down to ``p``; -1: once, whole)."""
-        con = self.contraction
-        read = next(a for a in con.reads if a.stride(self.vector_dim()) == 1)
-        span = {d: math.prod(lp.extent for lp in self.loops[p + 1:] if lp.dim == d) for d in con.dims}
-        region = math.prod(sum((span[d] - 1) * c for d, c in terms) + 1 for terms in read.index)
-        return math.prod(lp.extent for lp in self.loops[:p + 1]) * region
-
     def schedule(self, target=None):
         """The nest as a TVM schedule, finished as LoopNest finishes it: the agent's loop order and
         splits stay; the innermost block whose output tile fits the register file (``register_block``)
@@ -349,6 +338,7 @@ class LoopNest:
         padded_input = ("B_pad" if con.kind == "matmul" else "I_pad") if vec in pads else None
         copies = [padded_input] if padded_input else []
         parallel = bool(outer) and outer[0].dim not in con.reduce and outer[0].extent > 1
+        threads = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)   # adaptune sets it
         if reduce and tile + unit:
             # the tile's accumulators: a local buffer, written back after the block's reductions;
             # with padding the copy to the output is that write-back, bounds-tested per tile
@@ -363,14 +353,15 @@ class LoopNest:
                 sch.vectorize(sch.get_loops(write)[-1])
         elif pads:
             copies.append("C_out")
+        par = by_loop[outer[0]] if parallel else None
         if padded_input and parallel:
-            # each thread pads what it reads, where that copies least (once per iteration of the
-            # loops down to there): a copy the main thread makes reaches the other core's cache
-            # line by line (65x200x120: 40 us against 24 without padding; per thread, 9 times the
-            # data, 31 us); past PACK_REDUNDANCY times the whole copy, one copy is cheaper
-            p = min(range(len(outer)), key=lambda p: (self._pack_volume(p), p))
-            if self._pack_volume(p) <= PACK_REDUNDANCY * self._pack_volume(-1):
-                sch.compute_at(sch.get_sblock(padded_input), by_loop[outer[p]], preserve_unit_loops=True)
+            # each thread pads what it reads, once: the parallel loop runs one chunk per thread
+            # (TVM's static partition of it) and the copy goes inside the chunk loop.  A copy the
+            # main thread makes reaches the other core's cache line by line (65x200x120: 40 us
+            # against 24 without padding); one per iteration of the parallel loop repeats it
+            if outer[0].extent > threads:
+                par, _ = sch.split(par, factors=[threads, None])
+            sch.compute_at(sch.get_sblock(padded_input), par, preserve_unit_loops=True)
         for name in copies:
             # the padding copies run serial, vectorised: a parallel launch costs more than they do
             # (90x90x90: 35 GFLOPS with parallel copies, 58-60 serial)
@@ -381,7 +372,7 @@ class LoopNest:
         if unit:
             sch.vectorize(by_loop[unit[0]])
         if parallel:
-            sch.parallel(by_loop[outer[0]])
+            sch.parallel(par)
         first_reduction = next(lp for lp in order if lp.dim in con.reduce)
         init = sch.decompose_reduction(block, by_loop[first_reduction])
         if unit:
