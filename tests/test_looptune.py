@@ -179,7 +179,7 @@ def test_shipped_policy_loads_and_acts():
     from adaptune.looptune.dataset import split
     from adaptune.looptune.dqn import Policy
     policy = Policy.load()
-    assert policy.meta["episodes"] > 0 and policy.meta["nests_measured"] > 0
+    assert policy.meta["demonstrations"] > 0 and policy.meta["nests_measured"] > 0   # learned from measurements
     con = split()[1][0]                                             # a held-out matmul
     a, b = policy.schedule(con), policy.schedule(con)
     assert a.actions == b.actions and len(a.actions) == policy.steps and a.nest.key == b.nest.key
@@ -275,6 +275,23 @@ def test_imitation_demonstrates_the_faster_path_and_clones_it(tmp_path):
         with pytest.raises(SystemExit) as exit_:
             imitate_main(["train", *bad, "--out", str(tmp_path / "x.pt")])
         assert exit_.value.code == 2 and not (tmp_path / "x.pt").exists()
+
+
+def test_imitation_replays_each_path_on_sizes_near_its_own():
+    """--augment: every demonstrated path also teaches its actions on sizes scaled 0.6-1.6 per
+    dimension, unmeasured; a network cloned so takes the path at a size it never saw."""
+    from adaptune.looptune.dqn import Policy, policy_input
+    from adaptune.looptune.imitate import PAD, clone, samples
+    demos = [{"sizes": [64, 96, 128], "actions": ["down", "split_16", "down", "swap_up"] + [PAD] * 6},
+             {"sizes": [200, 72, 40], "actions": ["split_8", "down", "down", "swap_up", "split_4"] + [PAD] * 5}]
+    x, y = samples(demos, augment=3, seed=1)
+    assert len(x) == len(y) == 2 * 4 * 10
+    assert np.array_equal(x[0].numpy(), policy_input(LoopNest.initial(matmul(64, 96, 128)), 1.0))
+    firsts = {tuple(x[i].numpy()) for i in range(0, 40, 10)}
+    assert len(firsts) == 4                                  # four different sizes replayed the first path
+    assert y[:40].tolist() == [ACTIONS.index(a) for a in demos[0]["actions"]] * 4
+    policy = Policy(clone(demos, hidden=64, epochs=600, augment=8))
+    assert policy.schedule(matmul(70, 110, 100)).actions == demos[0]["actions"]
 
 
 @pytest.mark.parametrize("con", [matmul(150, 150, 40), conv2d(3, 5, 52, 50)], ids=["matmul", "conv2d"])

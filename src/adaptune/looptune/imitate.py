@@ -11,15 +11,19 @@ pass per action: the search's time is paid once, offline.
 A demonstration shorter than the episode is padded with ``up``: moving the cursor never changes
 what the nest computes, so the padded path ends on the search's nest.
 
-    # the shipped policy.pt: three rounds from DQN's seed 5 (dqn.py), 16-27 min of search each here
+    # three rounds from DQN's seed 5 (dqn.py), 16-27 min of search each here
     python -m adaptune.looptune.imitate demos --out round1.jsonl --pool 96 --off-grid 64 --seed 7 --teacher seed5.pt
     python -m adaptune.looptune.imitate train --demos round1.jsonl --init seed5.pt --out r1.pt
     python -m adaptune.looptune.imitate demos --out round2.jsonl --pool 64 --off-grid 96 --seed 8 --teacher r1.pt
     python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl --init r1.pt --out r2.pt
     python -m adaptune.looptune.imitate demos --out round3.jsonl --pool 32 --off-grid 64 --seed 9 --teacher r2.pt
-    python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl round3.jsonl --init r2.pt --out policy.pt
+    python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl round3.jsonl --init r2.pt --out r3.pt
+    # the shipped policy.pt: a fourth round's demonstrations, then all four cloned from scratch,
+    # each path also replayed on 4 sizes near its own (19 min of search, 2 min of training)
+    python -m adaptune.looptune.imitate demos --out round4.jsonl --pool 16 --off-grid 96 --seed 10 --teacher r3.pt
+    python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl round3.jsonl round4.jsonl --augment 4 --out policy.pt
 
-The demonstrations of those rounds are in ``demos/`` (round 3 measured on the back end that pads
+The demonstrations of those rounds are in ``demos/`` (rounds 3 and 4 measured on the back end that pads
 every tail and with TVM's workers spinning); training from them is deterministic.
 """
 from __future__ import annotations
@@ -61,27 +65,35 @@ def demonstrate(con: Contraction, teacher: Policy | None, *, search: str = "beam
             "gflops": gflops, "source": source, "measured": ev.evaluations}
 
 
-def samples(demos: Sequence[dict], steps: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
-    """(observations, demonstrated actions) at every state along the demonstrations."""
+def samples(demos: Sequence[dict], steps: int = 10, *, augment: int = 0, scale: tuple[float, float] = (0.6, 1.6),
+            seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(observations, demonstrated actions) at every state along the demonstrations, each path also
+    replayed, unmeasured, on ``augment`` sizes near its own (each dimension scaled by a factor drawn
+    from ``scale``, kept in 32..512): a path that is good at one size is good near it, and the network
+    that sees only the measured sizes learns their exact features instead (off the grid it chose
+    1-row register tiles)."""
+    rng = np.random.default_rng(seed)
     obs, acts = [], []
     for d in demos:
-        nest = LoopNest.initial(matmul(*d["sizes"]))
-        for t, a in enumerate(d["actions"][:steps]):
-            obs.append(policy_input(nest, 1.0 - t / steps))
-            acts.append(ACTIONS.index(a))
-            nest = nest.apply(a)
+        near = [[int(np.clip(round(n * rng.uniform(*scale)), 32, 512)) for n in d["sizes"]] for _ in range(augment)]
+        for sizes in [d["sizes"], *near]:
+            nest = LoopNest.initial(matmul(*sizes))
+            for t, a in enumerate(d["actions"][:steps]):
+                obs.append(policy_input(nest, 1.0 - t / steps))
+                acts.append(ACTIONS.index(a))
+                nest = nest.apply(a)
     return torch.as_tensor(np.stack(obs)), torch.as_tensor(acts)
 
 
 def clone(demos: Sequence[dict], *, init: QNetwork | None = None, hidden: int = 256, epochs: int = 300,
-          lr: float = 1e-3, weight_decay: float = 1e-4, seed: int = 0) -> QNetwork:
+          lr: float = 1e-3, weight_decay: float = 1e-4, seed: int = 0, augment: int = 0) -> QNetwork:
     """A network whose argmax takes the demonstrated action (cross-entropy, full batch, Adam);
     ``init`` starts it from trained weights instead of random ones."""
     torch.manual_seed(seed)
     q = QNetwork(hidden)
     if init is not None:
         q.load_state_dict(init.state_dict())
-    x, y = samples(demos)
+    x, y = samples(demos, augment=augment, seed=seed)
     opt = torch.optim.Adam(q.parameters(), lr=lr, weight_decay=weight_decay)
     for epoch in range(epochs):
         loss = nn.functional.cross_entropy(q(x), y)
@@ -119,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--init", default="", help="start from these weights (default: random)")
     t.add_argument("--epochs", type=int, default=300)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--augment", type=int, default=0, help="also replay each path on this many sizes near its own")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
@@ -152,12 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"cannot read demonstrations or --init weights: {e}")
     if not demos:
         ap.error(f"no demonstrations in {' '.join(args.demos)}")
-    q = clone(demos, init=init.q if init else None, epochs=args.epochs, seed=args.seed)
+    q = clone(demos, init=init.q if init else None, epochs=args.epochs, seed=args.seed, augment=args.augment)
     cfg = Config(seed=args.seed)
     # what the weights learned from: the initial network's training, then the demonstrations
     prior = init.meta if init else {}
     pool = sorted(set(prior.get("pool", [])) | {matmul(*r["sizes"]).name for r in demos})
-    Policy(q, cfg.steps).save(args.out, cfg, pool=pool, demonstrations=len(demos), init=args.init,
+    Policy(q, cfg.steps).save(args.out, cfg, pool=pool, demonstrations=len(demos), init=args.init, augment=args.augment,
                               episodes=prior.get("episodes", 0),
                               nests_measured=prior.get("nests_measured", 0) + sum(r.get("measured", 0) for r in demos))
     log.info("wrote %s from %d demonstrations", args.out, len(demos))
