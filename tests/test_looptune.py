@@ -191,6 +191,7 @@ def test_cli_looptune_policy(capsys, tmp_path):
     assert main(["looptune", "48", "64", "32"]) == 0
     out = capsys.readouterr().out
     assert "the policy chose it in" in out and "GFLOPS (checked against numpy)" in out
+    assert "each the best of 3 timings, alternated" in out
     assert main(["looptune", "48", "64", "32", "--policy", str(tmp_path / "none.pt")]) == 2
     (tmp_path / "bad.pt").write_bytes(b"not torch")
     assert main(["looptune", "48", "64", "32", "--policy", str(tmp_path / "bad.pt")]) == 2

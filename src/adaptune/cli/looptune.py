@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_looptune(args) -> int:
-    from ..looptune.evaluate import Evaluator, numpy_gflops
+    from ..looptune.evaluate import Evaluator, versus_numpy
     from ..looptune.nest import LoopNest, matmul
     from ..looptune.search import SEARCHES
     try:
@@ -43,11 +43,12 @@ def cmd_looptune(args) -> int:
     else:
         res = SEARCHES[args.search](start, ev, steps=args.steps, time_limit=args.time_limit)
         nest, actions, seconds, how = res.nest, res.actions, res.seconds, args.search
-    gflops = ev(nest)
+    gflops, npy = versus_numpy(ev, nest)
     print(nest.render())
     print(f"actions: {' '.join(actions) or '(none)'}")
     print(f"{con.name}: {gflops:.2f} GFLOPS (checked against numpy), untuned nest {base:.2f} GFLOPS, "
-          f"speedup {gflops / base:.2f}x; numpy {numpy_gflops(con):.2f} GFLOPS")
+          f"speedup {gflops / base:.2f}x; numpy {npy:.2f} GFLOPS ({npy and gflops / npy:.2f}x; each the "
+          f"best of 3 timings, alternated)")
     print(f"{how} chose it in {seconds:.3f} s ({ev.evaluations} nests built and timed in all)")
     return 0
 

@@ -16,7 +16,7 @@ sum tree, which does not load beside torch 2.13 here ("SumSegmentTreeFp32 is not
 with a few ten thousand transitions numpy's cumulative sums sample fast enough.
 
     # seed 5 of nine runs, kept by --select on validation matmuls: the first teacher of the expert
-    # iteration (imitate.py) whose fourth round is the shipped policy.pt
+    # iteration (imitate.py) whose sixth round is the shipped policy.pt
     python -m adaptune.looptune.dqn --episodes 1500 --seed 5 --off-grid 64 --off-grid-range 48 512
 """
 from __future__ import annotations

@@ -18,13 +18,18 @@ what the nest computes, so the padded path ends on the search's nest.
     python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl --init r1.pt --out r2.pt
     python -m adaptune.looptune.imitate demos --out round3.jsonl --pool 32 --off-grid 64 --seed 9 --teacher r2.pt
     python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl round3.jsonl --init r2.pt --out r3.pt
-    # the shipped policy.pt: a fourth round's demonstrations, then all four cloned from scratch,
-    # each path also replayed on 4 sizes near its own (19 min of search, 2 min of training)
+    # then each round cloned all demonstrations so far from scratch, every path also replayed on 4
+    # sizes near its own (--augment); rounds 5 and 6 off the grid only, searched by beam BFS
     python -m adaptune.looptune.imitate demos --out round4.jsonl --pool 16 --off-grid 96 --seed 10 --teacher r3.pt
-    python -m adaptune.looptune.imitate train --demos round1.jsonl round2.jsonl round3.jsonl round4.jsonl --augment 4 --out policy.pt
+    python -m adaptune.looptune.imitate train --demos round[1-4].jsonl --augment 4 --out r4.pt
+    python -m adaptune.looptune.imitate demos --out round5.jsonl --pool 0 --off-grid 48 --seed 11 --search beam-bfs2 --teacher r4.pt
+    python -m adaptune.looptune.imitate train --demos round[1-5].jsonl --augment 4 --out r5.pt
+    python -m adaptune.looptune.imitate demos --out round6.jsonl --pool 0 --off-grid 64 --seed 12 --search beam-bfs2 --teacher r5.pt
+    python -m adaptune.looptune.imitate train --demos round[1-6].jsonl --augment 4 --out policy.pt    # shipped
 
-The demonstrations of those rounds are in ``demos/`` (rounds 3 and 4 measured on the back end that pads
-every tail and with TVM's workers spinning); training from them is deterministic.
+The demonstrations of those rounds are in ``demos/`` (rounds 3-6 measured on the back end that
+pads every tail and with TVM's workers spinning; 5 and 6 with each thread padding once); training
+from them is deterministic.
 """
 from __future__ import annotations
 
