@@ -133,16 +133,15 @@ def numpy_gflops(contraction: Contraction, repeat: int = 5, min_repeat_ms: float
 def versus_numpy(ev: Evaluator, nest: LoopNest, rounds: int = 3) -> tuple[float, float]:
     """(GFLOPS of ``nest``, numpy's GFLOPS) on ``ev``'s matmul, each the best of ``rounds`` timings
     taken in alternation, the order flipped every round: on a shared 2-core VM a kernel's speed
-    changes by 2x from one second to the next, and one timing of each
-    contender could land in different phases."""
+    changes by 2x from one second to the next, and one timing of each could land in different phases.
+    The nest's first timing is the evaluator's own (cached; 0.0 for a nest that did not build)."""
     best, npy = 0.0, 0.0
     for r in range(rounds):
-        if r % 2:
-            npy = max(npy, numpy_gflops(ev.contraction))
-        # the first: the evaluator's own (cached) timing, 0.0 for a nest that did not build
-        best = max(best, ev(nest) if r == 0 else ev.contraction.flops / ev.seconds(nest) / 1e9)
-        if not r % 2:
-            npy = max(npy, numpy_gflops(ev.contraction))
+        for side in ("nest", "numpy") if r % 2 == 0 else ("numpy", "nest"):
+            if side == "numpy":
+                npy = max(npy, numpy_gflops(ev.contraction))
+            else:
+                best = max(best, ev(nest) if r == 0 else ev.contraction.flops / ev.seconds(nest) / 1e9)
         if not best:
             break
     return best, npy

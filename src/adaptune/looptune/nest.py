@@ -338,7 +338,6 @@ class LoopNest:
         padded_input = ("B_pad" if con.kind == "matmul" else "I_pad") if vec in pads else None
         copies = [padded_input] if padded_input else []
         parallel = bool(outer) and outer[0].dim not in con.reduce and outer[0].extent > 1
-        threads = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)   # adaptune sets it
         if reduce and tile + unit:
             # the tile's accumulators: a local buffer, written back after the block's reductions;
             # with padding the copy to the output is that write-back, bounds-tested per tile
@@ -359,6 +358,7 @@ class LoopNest:
             # (TVM's static partition of it) and the copy goes inside the chunk loop.  A copy the
             # main thread makes reaches the other core's cache line by line (65x200x120: 40 us
             # against 24 without padding); one per iteration of the parallel loop repeats it
+            threads = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)   # adaptune sets it
             if outer[0].extent > threads:
                 par, _ = sch.split(par, factors=[threads, None])
             sch.compute_at(sch.get_sblock(padded_input), par, preserve_unit_loops=True)
