@@ -5,8 +5,8 @@ ResNet's 3x3 stride-1 convolutions already run at the machine's FMA peak as dire
 less arithmetic.  Winograd's minimal filtering (Lavin & Gray, 2016) computes each 4x4 output tile
 from a 6x6 input tile with 36 multiplies per channel pair instead of 144:
 
-* input transform ``V = Bᵀ d B`` per tile: generated here as TIR (tile by tile on the calling
-  thread, 16 channels per vector, the transform unrolled with its zero coefficients left out);
+* input transform ``V = Bᵀ d B`` per tile: generated here as TIR (tiles in parallel on the
+  GEMM's OpenMP threads, 16 channels per vector, the transform unrolled with its zero coefficients left out);
 * 36 independent GEMMs ``M[ξ,ν] = V[ξ,ν] · U[ξ,ν]``: one oneDNN grouped 1x1 convolution (36 groups)
   on the weight transformed once at compile time (``U = G g Gᵀ``) and pre-packed like every
   library weight (``library.onednn_conv2d``);
@@ -97,13 +97,12 @@ def _parse(src: str):
 
 
 def _prologue(params: str, tiles_: int, c: int, local: dict[str, int]) -> list[str]:
-    """A transform's TVMScript up to its first vectorised loop: tile by tile, 16 channels at a
-    time, ``local`` buffers of (rows, 16) floats.  The tiles run on the calling thread, not TVM's
-    pool: between two oneDNN calls a hand-over to TVM's pinned workers made the chain's time
-    bimodal (docs/decisions.md)."""
+    """A transform's TVMScript up to its first vectorised loop: tiles in parallel, 16 channels at a
+    time, ``local`` buffers of (rows, 16) floats.  The parallel loop runs on the OpenMP threads of
+    the oneDNN GEMM around it (``openmp.py``), so there is no hand-over between pools."""
     return (["@T.prim_func(private=True, s_tir=True)", f"def main({params}):",
              '    T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})',
-             f"    for t in range({tiles_}):", f"        for co in range({c // LANES}):"]
+             f"    for t in T.parallel({tiles_}):", f"        for co in range({c // LANES}):"]
             + [f'            {name} = T.sblock_alloc_buffer(({rows}, {LANES}), "float32", scope="local")'
                for name, rows in local.items()]
             + [f"            for ci in T.vectorized({LANES}):"])
