@@ -154,6 +154,33 @@ def test_each_chain_maps_to_the_task_of_its_own_fused_kernel(block, target, empt
         t for (op, impl), t in times.items() if impl == "onednn" and t is not None)
 
 
+class ResidualFirst(torch.nn.Module):
+    """``y + conv(conv(y))``, the residual first, as MobileNetV2 writes it; ``y`` is itself a conv chain."""
+    example_input_shape = (1, 8, 6, 6)
+
+    def __init__(self):
+        super().__init__()
+        self.c0, self.c1, self.c2 = torch.nn.Conv2d(8, 16, 1), torch.nn.Conv2d(16, 32, 1), torch.nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        y = self.c0(x)
+        return y + self.c2(self.c1(y))
+
+
+def test_a_chain_whose_residual_comes_first_finds_its_tuned_kernel(target):
+    """The chain compared with a tuned kernel is built as the model adds: with the residual as the
+    first operand, the chain's own module compiles to the model's task (else it had no tuned time)."""
+    import tvm_ffi
+    from adaptune.model.graph import extract_tasks
+    from adaptune.model.library.choice import _chain_tasks
+    optimised = optimise(load_model(ResidualFirst().eval(), input_shape=ResidualFirst.example_input_shape).mod)
+    model_tasks = {tvm_ffi.structural_hash(t.mod) for t in extract_tasks(optimised, target)[0]}
+    chains = {op.label: tasks for op, _, tasks in _chain_tasks(optimised, target)}
+    assert sorted(chains) == ["conv2d 16->32 1x1 s1 p0 @6x6", "conv2d 32->16 1x1 s1 p0 @6x6+add",
+                              "conv2d 8->16 1x1 s1 p0 @6x6"]
+    assert all(tvm_ffi.structural_hash(t.mod) in model_tasks for tasks in chains.values() for t in tasks)
+
+
 def test_a_chain_oneDNN_rejects_falls_back_to_the_generated_kernel_with_one_warning(
         block, target, empty_db, monkeypatch, capsys):
     real = L.LibraryOp.time

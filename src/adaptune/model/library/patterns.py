@@ -150,7 +150,19 @@ def _single_use(func) -> set:
     return {b.value for block in func.body.blocks for b in block.bindings if uses.get(b.var, 0) == 1}
 
 
-def _softmax_chain(matched, matches, parts, single) -> Chain | None:
+def _bindings(func) -> dict:
+    """Each variable of ``func``'s blocks -> the value bound to it."""
+    return {b.var: b.value for block in func.body.blocks for b in block.bindings}
+
+
+def _is_first(add, expr, bound: dict) -> bool:
+    """Whether ``expr`` is ``add``'s first operand.  The matcher looks through bindings and tries a
+    commutative op's operands both ways, so a match may be the operand or the value bound to it."""
+    a = add.args[0]
+    return a.same_as(expr) or (a in bound and bound[a].same_as(expr))
+
+
+def _softmax_chain(matched, matches, parts, single, bound) -> Chain | None:
     """A softmax over the last axis of ``x (* scale) (+ mask)``, float32, scale a scalar constant,
     ``x`` of the output's shape (the mask may broadcast)."""
     scaled = matches[parts["scaled"]] if parts["scaled"] is not None else None
@@ -171,7 +183,7 @@ def _softmax_chain(matched, matches, parts, single) -> Chain | None:
         return None
     scale = 1.0 / value if scaled is not None and scaled.op.name == "relax.divide" else value
     op = LibraryOp("softmax", data, mask_shape, out, (scale,), mask is not None)
-    return Chain(x, None, mask, [], op, (False, mask is not None and mask_add.args[0].same_as(mask)), scaled)
+    return Chain(x, None, mask, [], op, (False, mask is not None and _is_first(mask_add, mask, bound)), scaled)
 
 
 def _layer_norm_chain(matched) -> Chain | None:
@@ -188,9 +200,9 @@ def _layer_norm_chain(matched) -> Chain | None:
     return Chain(matched, None, None, [], LibraryOp("layer_norm", data, (data[-1],), data, (float(a.epsilon),)))
 
 
-def _chain(matched, matches, parts, single) -> Chain | None:
+def _chain(matched, matches, parts, single, bound) -> Chain | None:
     if parts.get("softmax"):
-        return _softmax_chain(matched, matches, parts, single)
+        return _softmax_chain(matched, matches, parts, single, bound)
     if parts.get("layer_norm"):
         return _layer_norm_chain(matched)
     inner = [matches[parts[k]] for k in ("anchor", "bias_add", "res_add", "clip_max")
@@ -206,9 +218,8 @@ def _chain(matched, matches, parts, single) -> Chain | None:
     op = _signature(anchor, bias, residual, post)
     if op is None:
         return None
-    swapped = tuple(parts[k] is not None and isinstance(matches[parts[k]].args[0], type(matches[parts[p]]))
-                    and matches[parts[k]].args[0].same_as(matches[parts[p]]) for k, p in (("bias_add", "bias"),
-                                                                                           ("res_add", "residual")))
+    swapped = tuple(parts[k] is not None and _is_first(matches[parts[k]], matches[parts[p]], bound)
+                    for k, p in (("bias_add", "bias"), ("res_add", "residual")))
     return Chain(anchor, bias, residual, post, op, swapped)
 
 
@@ -226,10 +237,10 @@ def rewrite(mod, on_chain) -> "tvm.IRModule":
         for gv, func in funcs.items():
             if not isinstance(func, relax.Function):
                 continue
-            single = _single_use(func)
+            single, bound = _single_use(func), _bindings(func)
 
-            def rewriter(matched, matches, parts=parts, single=single):
-                chain = _chain(matched, matches, parts, single)
+            def rewriter(matched, matches, parts=parts, single=single, bound=bound):
+                chain = _chain(matched, matches, parts, single, bound)
                 new = on_chain(chain, add_func) if chain is not None else None
                 return matched if new is None else new
             funcs[gv] = relax.analysis.remove_all_unused(rewrite_call(pattern, rewriter, func))
