@@ -5,8 +5,9 @@ ResNet's 3x3 stride-1 convolutions already run at the machine's FMA peak as dire
 less arithmetic.  Winograd's minimal filtering (Lavin & Gray, 2016) computes each 4x4 output tile
 from a 6x6 input tile with 36 multiplies per channel pair instead of 144:
 
-* input transform ``V = Bᵀ d B`` per tile: generated here as TIR (tiles in parallel on the
-  GEMM's OpenMP threads, 16 channels per vector, the transform unrolled with its zero coefficients left out);
+* input transform ``V = Bᵀ d B`` per tile: generated here as TIR (tiles in parallel on the GEMM's
+  OpenMP threads, 16 channels per vector, the transform unrolled with its zero coefficients left
+  out);
 * 36 independent GEMMs ``M[ξ,ν] = V[ξ,ν] · U[ξ,ν]``: one oneDNN grouped 1x1 convolution (36 groups)
   on the weight transformed once at compile time (``U = G g Gᵀ``) and pre-packed like every
   library weight (``library.onednn_conv2d``);

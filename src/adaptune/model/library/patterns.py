@@ -133,9 +133,14 @@ def _patterns():
     return out
 
 
-def _single_use(func) -> set:
+def _bindings(func) -> dict:
+    """Each variable of ``func``'s blocks -> the value bound to it."""
+    return {b.var: b.value for block in func.body.blocks for b in block.bindings}
+
+
+def _single_use(func, bound: dict) -> set:
     """The calls of ``func`` whose bound value is used exactly once (a chain may absorb only those:
-    an intermediate read elsewhere would be computed twice)."""
+    an intermediate read elsewhere would be computed twice).  ``bound``: ``_bindings(func)``."""
     uses: dict = {}
 
     @relax.expr_functor.visitor
@@ -147,12 +152,7 @@ def _single_use(func) -> set:
             uses[var] = uses.get(var, 0) + 1
 
     _Uses().visit_expr(func)
-    return {b.value for block in func.body.blocks for b in block.bindings if uses.get(b.var, 0) == 1}
-
-
-def _bindings(func) -> dict:
-    """Each variable of ``func``'s blocks -> the value bound to it."""
-    return {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    return {value for var, value in bound.items() if uses.get(var, 0) == 1}
 
 
 def _is_first(add, expr, bound: dict) -> bool:
@@ -237,7 +237,8 @@ def rewrite(mod, on_chain) -> "tvm.IRModule":
         for gv, func in funcs.items():
             if not isinstance(func, relax.Function):
                 continue
-            single, bound = _single_use(func), _bindings(func)
+            bound = _bindings(func)
+            single = _single_use(func, bound)
 
             def rewriter(matched, matches, parts=parts, single=single, bound=bound):
                 chain = _chain(matched, matches, parts, single, bound)
