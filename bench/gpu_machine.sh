@@ -23,6 +23,7 @@
 #   tests   tests/test_cuda.py (its GPU tests run there instead of skipping)
 #   tune-op adaptune tune-op L8 --target cuda --trials 16
 #   paper   bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128 --strategies rl+as --jobs 8
+#           (PAPER_ARGS="--layers L1 L8 --trials 128 --strategies rl+as --jobs 4 --seed 1" replaces all but --target)
 #   e2e     bench/e2e.py --target cuda --models resnet18 --trials E2E_TRIALS (default 160)
 # Each step's log, the paper's plots and e2e.json go to $OUT; STEP_TIMEOUT (s, default 540) bounds each.
 # paper resumes: a later `run paper` on the same warm machine tunes only the runs not yet finished.
@@ -96,8 +97,10 @@ stage2|run)   # there: stage2 = call 2 (within ~30 s of call 1); run = any later
         case $step in
         tests)   cmd=(python3 -m pytest -q -rs -s tests/test_cuda.py) ;;
         tune-op) cmd=(python3 -m adaptune.cli tune-op L8 --target cuda --trials 16 --work-dir /tmp/l8-cuda) ;;
-        paper)   cmd=(python3 bench/paper.py --target cuda --layers L1 L2 L7 L8 --trials 128 --strategies rl+as
-                      --jobs 8 --out /tmp/paper --resume) ;;
+        paper)   # PAPER_ARGS replaces the layers, trials, strategies, jobs (and adds e.g. --seed 1)
+                 # shellcheck disable=SC2086
+                 cmd=(python3 bench/paper.py --target cuda ${PAPER_ARGS:---layers L1 L2 L7 L8 --trials 128
+                      --strategies rl+as --jobs 8} --out /tmp/paper --resume) ;;
         e2e)     cmd=(python3 bench/e2e.py --target cuda --models resnet18 --trials "${E2E_TRIALS:-160}"
                       --rounds 5 --out /tmp/e2e) ;;
         *)       echo "unknown step $step"; continue ;;
@@ -115,7 +118,7 @@ stage2|run)   # there: stage2 = call 2 (within ~30 s of call 1); run = any later
     done
     [[ ${#pids[@]} = 0 ]] || wait "${pids[@]}"
     for step in ${steps//@+([0-9,-])/}; do echo "=== $step"; grep -v "INFO\|DEBUG\|^ \|^--\|^Total\|^$" "$out/$step.log" | tail -n 70; done
-    cp /tmp/paper/L*.png /tmp/e2e/e2e.json "$out/" 2>/dev/null
+    cp /tmp/paper/L*.png /tmp/e2e/e2e.json "$out/" 2>/dev/null || true   # whichever the steps made
     ;;
 *)
     sed -n '2,/^set /{/^set /d;p}' "$0"
