@@ -27,8 +27,9 @@
 #   e2e     bench/e2e.py --target cuda --models resnet18 --trials E2E_TRIALS (default 160)
 # Each step's log, the paper's plots and e2e.json go to $OUT; STEP_TIMEOUT (s, default 540) bounds each.
 # paper resumes: a later `run paper` on the same warm machine tunes only the runs not yet finished.
-# ResNet-18 end to end passed its target on 2026-11-27 (docs/cuda.md); what is left is the paper's
-# table: run 1, `stage2 paper` (540 s), then at once `run paper` with the time left.
+# ResNet-18 end to end passed its target on 2026-11-27, the paper's seed-0 table ran in 391 s on
+# 2026-11-28 (docs/cuda.md); what is left is more seeds: run 1, then
+# `stage2 paper` with PAPER_ARGS="--layers L1 L2 L7 L8 --trials 128 --strategies rl+as --jobs 8 --seed 1".
 set -euo pipefail
 shopt -s extglob
 
