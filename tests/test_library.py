@@ -225,6 +225,29 @@ def test_the_final_build_is_the_fastest_whole_model_even_when_the_per_chain_choi
                                                                 (best.builds[2].library, True)]
 
 
+def test_the_generated_build_stays_in_the_run_off_when_a_slow_phase_hid_it(block, target, empty_db, monkeypatch):
+    """The machine was slow while the generated build ran in the first race (third of five): it
+    still runs in the run-off, is the fastest there, and is kept (timings injected)."""
+    db = C.open_database(empty_db)
+    monkeypatch.setattr(L, "plan", lambda *a: [
+        L.Choice(op, 1, 1e-6, 1e-3) if op.kind == "conv2d" else L.Choice(op, 1, 1e-3, 1e-6)
+        for op in L.find_ops(optimise(block.mod))])
+    order, calls = [], []
+
+    def fake_time(ex, inputs, **_):
+        if id(ex) not in order:
+            order.append(id(ex))
+        i = order.index(id(ex))
+        calls.append(i)
+        if i == 0:                              # generated: 9.0 in the first race's two rounds, then 1.0
+            return 9.0 if calls.count(0) <= 2 else 1.0
+        return [None, 3.0, 2.0, 6.0, 7.0][i]
+    monkeypatch.setattr(C, "time_vm", fake_time)
+    best = C.build_best(block, db, target, rounds=2)
+    assert [calls.count(i) for i in range(5)] == [6, 6, 6, 2, 2]      # the two fastest and the generated one
+    assert best.best.name == "generated" and best.best.seconds == 1.0
+
+
 class DenseNorm(torch.nn.Module):
     """A 33-MFLOP matmul, then a layer norm: one big kernel and one glue kernel."""
 

@@ -117,8 +117,9 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
                library_times: dict | None = None) -> BestBuild:
     """Build the model all generated, with every chain oneDNN can run on oneDNN, and with the
     per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check each
-    against the reference; time them alternating, ``rounds`` times, then the two fastest ``2 * rounds``
-    times more; keep the fastest (the final model is never slower than either extreme).
+    against the reference; time them alternating, ``rounds`` times, then the two fastest and the
+    generated build ``2 * rounds`` times more; keep the fastest (the final model is never slower
+    than either extreme).
     ``library_times``: the chains' library timings this run has measured already (``tune_model``'s),
     reused."""
     from .library import chosen, eligible, plan
@@ -151,18 +152,20 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     times = {b.name: [] for b in builds}
 
     def race(contenders, n):
-        for _ in range(n):
-            for b in contenders:
+        for r in range(n):      # back to back, in reverse order every other round
+            for b in (contenders if r % 2 == 0 else contenders[::-1]):
                 times[b.name].append(time_vm(b.executable, inputs, repeat=5, min_repeat_ms=100))
         for b in contenders:
             b.seconds = float(np.median(times[b.name]))
 
     with device_exclusive():
         race(builds, rounds)
-        # A run-off between the two fastest, twice as many rounds: on a noisy machine a few rounds
-        # do not separate builds 10-20% apart (docs/decisions.md, 2026-11-27 night).
+        # A run-off between the two fastest and the all-generated build, twice as many rounds: on a
+        # noisy machine a few rounds do not separate builds 10-20% apart, and the generated build,
+        # which calls nothing beside TVM, stays in it (docs/decisions.md, 2026-11-27 night, 2026-11-28).
         if len(builds) > 1:
-            race(sorted(builds, key=lambda b: b.seconds)[:2], 2 * rounds)
+            final = sorted(builds, key=lambda b: b.seconds)[:2]
+            race(final if any(b is builds[0] for b in final) else final + builds[:1], 2 * rounds)
     return BestBuild(min(builds, key=lambda b: b.seconds), builds, choices)
 
 
