@@ -198,23 +198,32 @@ def test_a_chain_oneDNN_rejects_falls_back_to_the_generated_kernel_with_one_warn
     assert len(L.chosen(choices)) == 3          # untuned kernels: every other chain goes to oneDNN
 
 
-def test_the_final_build_is_the_fastest_whole_model_even_when_the_per_chain_choice_is_slower(
-        block, target, empty_db, monkeypatch):
-    """Per chain the library looks faster, but the model built with that choice is the slowest:
-    the generated build is kept (timings injected; the builds and their checks are real)."""
-    db = C.open_database(empty_db)
+def _inject_build_times(block, monkeypatch, seconds) -> list[int]:
+    """Per chain the library looks faster for convolutions only (five builds: generated, library,
+    choice, and the last two with serial glue), and each model timing returns ``seconds(i, n)`` for
+    build ``i`` (in the order first timed) on its ``n``-th timing; returns the builds' indices in
+    the order they were timed."""
     monkeypatch.setattr(L, "plan", lambda *a: [
         L.Choice(op, 1, 1e-6, 1e-3) if op.kind == "conv2d" else L.Choice(op, 1, 1e-3, 1e-6)
         for op in L.find_ops(optimise(block.mod))])
     order, calls = [], []
 
-    def fake_time(ex, inputs, **_):             # builds are timed in order: generated, library, choice
+    def fake_time(ex, inputs, **_):
         if id(ex) not in order:
             order.append(id(ex))
-        calls.append(order.index(id(ex)))
-        return [1.0, 3.0, 5.0, 4.0, 6.0][order.index(id(ex))]
+        i = order.index(id(ex))
+        calls.append(i)
+        return seconds(i, calls.count(i))
     monkeypatch.setattr(C, "time_vm", fake_time)
-    best = C.build_best(block, db, target, rounds=2)
+    return calls
+
+
+def test_the_final_build_is_the_fastest_whole_model_even_when_the_per_chain_choice_is_slower(
+        block, target, empty_db, monkeypatch):
+    """Per chain the library looks faster, but the model built with that choice is the slowest:
+    the generated build is kept (timings injected; the builds and their checks are real)."""
+    calls = _inject_build_times(block, monkeypatch, lambda i, n: [1.0, 3.0, 5.0, 4.0, 6.0][i])
+    best = C.build_best(block, C.open_database(empty_db), target, rounds=2)
     assert [b.name for b in best.builds] == ["generated", "library", "choice", "library, serial glue",
                                              "choice, serial glue"]
     assert best.best.name == "generated" and best.best.seconds == 1.0
@@ -228,22 +237,10 @@ def test_the_final_build_is_the_fastest_whole_model_even_when_the_per_chain_choi
 def test_the_generated_build_stays_in_the_run_off_when_a_slow_phase_hid_it(block, target, empty_db, monkeypatch):
     """The machine was slow while the generated build ran in the first race (third of five): it
     still runs in the run-off, is the fastest there, and is kept (timings injected)."""
-    db = C.open_database(empty_db)
-    monkeypatch.setattr(L, "plan", lambda *a: [
-        L.Choice(op, 1, 1e-6, 1e-3) if op.kind == "conv2d" else L.Choice(op, 1, 1e-3, 1e-6)
-        for op in L.find_ops(optimise(block.mod))])
-    order, calls = [], []
-
-    def fake_time(ex, inputs, **_):
-        if id(ex) not in order:
-            order.append(id(ex))
-        i = order.index(id(ex))
-        calls.append(i)
-        if i == 0:                              # generated: 9.0 in the first race's two rounds, then 1.0
-            return 9.0 if calls.count(0) <= 2 else 1.0
-        return [None, 3.0, 2.0, 6.0, 7.0][i]
-    monkeypatch.setattr(C, "time_vm", fake_time)
-    best = C.build_best(block, db, target, rounds=2)
+    # generated (build 0): 9.0 in the first race's two rounds, then 1.0
+    calls = _inject_build_times(block, monkeypatch, lambda i, n: (9.0 if n <= 2 else 1.0) if i == 0
+                                else [None, 3.0, 2.0, 6.0, 7.0][i])
+    best = C.build_best(block, C.open_database(empty_db), target, rounds=2)
     assert [calls.count(i) for i in range(5)] == [6, 6, 6, 2, 2]      # the two fastest and the generated one
     assert best.best.name == "generated" and best.best.seconds == 1.0
 

@@ -165,7 +165,9 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
         # which calls nothing beside TVM, stays in it (docs/decisions.md, 2026-11-27 night, 2026-11-28).
         if len(builds) > 1:
             final = sorted(builds, key=lambda b: b.seconds)[:2]
-            race(final if any(b is builds[0] for b in final) else final + builds[:1], 2 * rounds)
+            if not any(b is builds[0] for b in final):
+                final.append(builds[0])     # the generated build
+            race(final, 2 * rounds)
     return BestBuild(min(builds, key=lambda b: b.seconds), builds, choices)
 
 
