@@ -142,3 +142,21 @@ def test_the_kernels_benchmark_lists_each_shape_once():
     assert len(kernels.GROUPS["resnet50"]) == 23
     assert len(every) == 8 + (11 - 3) + (23 - 5) + 3    # ResNet-18 shares L6-L8; ResNet-50 five of those
     assert all(w.packed for w in every.values())
+
+
+def test_a_weight_packed_to_its_own_shape_is_not_taken_for_a_wrong_result(target):
+    """Winograd's batched GEMM has a square layout-free weight (36, 16, 16) that the template can pack
+    transposed, keeping its shape.  The measured file takes the packed layout; checked on the
+    unpacked weight, correct fast kernels were rejected as wrong (2 of 16 here before the fix)."""
+    import tvm
+    from adaptune.measure.verify import packs_arguments
+    from adaptune.model.winograd import gemm
+    from adaptune.tuner import tune_tir
+
+    mod = tvm.IRModule({"main": gemm(16, 16, 16).with_attr("global_symbol", "main")})
+    assert not packs_arguments(mod)
+    space = KnobSpace(mod, target, seed=1, spaces="expert")
+    sch, why, _ = space.decode_many(space.random(1, np.random.default_rng(0)))[0]
+    assert sch is not None and packs_arguments(sch.mod), why
+    res = tune_tir(mod, target, trials=16, seed=0)
+    assert res.best_latency is not None and "wrong" not in res.failures, res.failures

@@ -20,7 +20,7 @@ from .build import build_export
 from tvm.ir.utils import derived_object  # noqa: E402 - after _tvm's import setup
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind  # noqa: E402
 from .target import device_type
-from .verify import arg_shapes, signature
+from .verify import packs_arguments
 
 OK, BUILD_ERROR, RUN_ERROR, TIMEOUT, CRASH = "ok", "build", "run", "timeout", "crash"
 WRONG = "wrong"     # ran, but its output differs from the untuned kernel's (see verify.py)
@@ -269,7 +269,7 @@ class Measurer:
                 continue
             try:
                 args = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)
-                reusable = self.rpc is None and arg_shapes(args) == signature(mod)
+                reusable = self.rpc is None and not packs_arguments(mod)   # the file takes mod's own arguments
                 pending.append((i, b.artifact_path, reusable,
                                 ms.runner.RunnerInput(b.artifact_path, device_type(self.target), args)))
             except Exception as e:  # noqa: BLE001

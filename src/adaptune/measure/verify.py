@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._tvm import ms, tvm
+from .._tvm import ms, s_tir, tvm
 from .target import device, reference_target
 
 TOLERANCE = 1e-3       # the largest error, relative to the output's scale, a check lets pass
@@ -26,6 +26,18 @@ def arg_shapes(arg_infos) -> list[tuple[tuple[int, ...], str]]:
 def signature(mod) -> list[tuple[tuple[int, ...], str]]:
     """(shape, dtype) of each argument of ``mod``'s main PrimFunc."""
     return arg_shapes(ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+
+
+def packs_arguments(mod) -> bool:
+    """Whether a scheduled kernel packs an argument to a new layout (MetaSchedule's ``RewriteLayout``
+    preprocessing block).  Its built file then takes the packed layout, which can have the original
+    shape (a square weight transposed), so the shapes alone cannot tell; unsure means yes."""
+    try:
+        sch = s_tir.Schedule(mod, debug_mask="none")
+        return any("meta_schedule.layout_rewrite_preproc" in sch.get(b).annotations
+                   for b in sch.get_child_blocks(sch.get_sblock("root")))
+    except Exception:  # noqa: BLE001 - no root block or not a single PrimFunc: assume it does
+        return True
 
 
 class KernelChecker:
