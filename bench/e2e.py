@@ -107,8 +107,9 @@ def main(argv=None) -> int:
         print(f"\n{name}, batch 1, {args.trials} trials, {target}\n{table(ev, wall)}", flush=True)
         for b in ev.best.builds:
             wino = sum(1 for v in b.library.values() if v == "winograd")
-            print(f"  build {b.name}: {b.seconds * 1e3:.3f} ms, {len(b.library)} chains on the library "
-                  f"({wino} as Winograd)")
+            wgen = sum(1 for v in b.library.values() if v == "winograd-generated")
+            print(f"  build {b.name}: {b.seconds * 1e3:.3f} ms, {len(b.on_library)} chains on the library "
+                  f"({wino} as Winograd), {wgen} as Winograd with generated GEMMs")
         rows = ev.as_dict()
         rows["tuning_s"] = wall
         if args.ms:

@@ -33,6 +33,7 @@ from ._tvm import ms
 from .measure.workdir import WorkDir, WorkDirError
 from .model.frontends import Model
 from .model.graph import extract_tasks, gpu_kernel_schedule, optimise, pass_report
+from .model.winograd import gemm_tasks
 from .measure.run import Measurer
 from .measure.target import is_cuda, parse_target
 from .tuner import TaskTuner
@@ -154,6 +155,7 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
     stage("graph passes and task extraction")
     optimised = optimise(model.mod)
     tasks, fuse_summary = extract_tasks(optimised, target)
+    tasks += gemm_tasks(optimised, target)          # Winograd's GEMMs, for the all-generated model
     passes = {**pass_report(model.mod, optimised), **fuse_summary}
     old = wd.model() if resume else None
     if old is not None and (old["target"] != str(target) or old["model"] != model.source):

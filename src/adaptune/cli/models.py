@@ -95,24 +95,27 @@ def _choice_table(best, gpu: bool = False) -> None:
     if best.choices:
         vendors = "cuDNN / cuBLAS" if gpu else "oneDNN"
         table = Table(title=f"per chain: the library's fused call ({vendors}; PyTorch for batched matmuls, softmax "
-                            "and layer norm), Winograd (our transforms + oneDNN GEMM) or our tuned kernel "
-                            "(--no-library: ours everywhere)")
-        for col in ("chain", "calls", "library", "Winograd", "tuned (fused)", "fastest"):
+                            "and layer norm), Winograd (our transforms + oneDNN's or our tuned GEMM) or our tuned "
+                            "kernel (--no-library: ours everywhere)")
+        for col in ("chain", "calls", "library", "Winograd", "Winograd (gen.)", "tuned (fused)", "fastest"):
             table.add_column(col, justify="left" if col in ("chain", "fastest") else "right")
         for c in best.choices:
-            fastest = {"onednn": c.op.vendor(gpu), "winograd": "Winograd"}.get(c.impl, c.impl)
-            table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.winograd_s), _ms(c.generated_s), fastest)
+            fastest = {"onednn": c.op.vendor(gpu), "winograd": "Winograd",
+                       "winograd-generated": "Winograd (gen.)"}.get(c.impl, c.impl)
+            table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.winograd_s), _ms(c.winograd_generated_s),
+                          _ms(c.generated_s), fastest)
         console.print(table)
     console.print("whole model: " + ", ".join(f"{b.name} {_ms(b.seconds)}" for b in best.builds) +
                   f"  ->  keeps the {best.best.name} build")
 
 
 def _library_summary(library: dict, chains: int | None = None) -> str:
-    """What a build runs on the library: "5 of 16 chains as fused library calls, 10 as Winograd"."""
-    onednn = sum(1 for v in library.values() if v == "onednn")
-    wino = len(library) - onednn
+    """What a build runs on the library: "5 of 16 chains as fused library calls, 10 as Winograd"
+    (", 2 as Winograd with generated GEMMs")."""
+    n = {impl: sum(1 for v in library.values() if v == impl) for impl in ("onednn", "winograd", "winograd-generated")}
     of = "" if chains is None else f" of {chains}"
-    return f"{onednn}{of} chains as fused library calls" + (f", {wino} as Winograd" if wino else "")
+    return (f"{n['onednn']}{of} chains as fused library calls" + (f", {n['winograd']} as Winograd" if n["winograd"] else "")
+            + (f", {n['winograd-generated']} as Winograd with generated GEMMs" if n["winograd-generated"] else ""))
 
 
 def _build_best(args, model, target, db):
@@ -224,7 +227,7 @@ def _tune(args, model, target, measurer, work_dir: Path) -> int:
     phases.start(None)
     best = ev.best
     _choice_table(best, is_cuda(target))
-    gen = next(b for b in best.builds if b.name == "generated")
+    gen = best.generated
     t0 = ev.row("tvm-untuned").latency_ms / 1e3
     WorkDir(work_dir).update_model(
         compiled={"untuned_s": t0, "tuned_s": gen.seconds, "max_rel_error": best.best.error,

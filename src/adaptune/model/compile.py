@@ -73,9 +73,9 @@ def serial_glue(fused, database, target) -> "ms.database.MemoryDatabase":
 def lower_tuned(model, database, target, library=None, serial=False) -> "tvm.IRModule":
     """The model's module with the best record of every task from ``database`` applied.
 
-    ``library``: chain signatures (``library.LibraryOp``) -> "onednn" | "winograd", the chains to run
-    on a library implementation instead of the generated kernel (Woodpecker's per-operator choice;
-    see ``library.plan``).  ``serial``: glue kernels run serially (``serial_glue``)."""
+    ``library``: chain signatures (``library.LibraryOp``) -> "onednn" | "winograd" |
+    "winograd-generated", the chains to run on that implementation instead of the direct generated
+    kernel (Woodpecker's per-operator choice; see ``library.plan``).  ``serial``: glue kernels run serially (``serial_glue``)."""
     mod = optimise(model.mod)
     if library:
         from .library import offload
@@ -99,10 +99,16 @@ class Build:
     """One build of the model: what it runs on the library, its check and its time."""
     name: str                           # "generated" | "library" | "choice" | "... serial glue"
     executable: object
-    library: dict                       # chain signature -> "onednn" | "winograd"
+    library: dict                       # chain signature -> "onednn" | "winograd" | "winograd-generated"
     error: float
     seconds: float
     serial: bool = False                # glue kernels serial (``serial_glue``)
+
+    @property
+    def on_library(self) -> dict:
+        """The chains this build runs on the vendor library (oneDNN calls, Winograd's oneDNN GEMMs)."""
+        from .library import LIBRARY_IMPLS
+        return {op: impl for op, impl in self.library.items() if impl in LIBRARY_IMPLS}
 
 
 @dataclass
@@ -112,22 +118,29 @@ class BestBuild:
     builds: list[Build]
     choices: list
 
+    @property
+    def generated(self) -> Build:
+        """The fastest build that calls no library (every kernel generated)."""
+        return min((b for b in self.builds if not b.on_library), key=lambda b: b.seconds)
+
 
 def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3,
                library_times: dict | None = None) -> BestBuild:
-    """Build the model all generated, with every chain oneDNN can run on oneDNN, and with the
-    per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check each
-    against the reference; time them alternating, ``rounds`` times, then the two fastest and the
+    """Build the model all generated (with Winograd's generated GEMMs where ``library.plan`` timed them
+    faster than the direct kernel, and without), with every chain oneDNN can run on oneDNN, and with
+    the per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check
+    each against the reference; time them alternating, ``rounds`` times, then the two fastest and the
     generated build ``2 * rounds`` times more; keep the fastest (the final model is never slower
     than either extreme).
     ``library_times``: the chains' library timings this run has measured already (``tune_model``'s),
     reused."""
-    from .library import chosen, eligible, plan
+    from .library import chosen, eligible, generated_choice, plan
     target = parse_target(target)
     inputs = inputs if inputs is not None else model.example_inputs()
-    choices = plan(optimise(model.mod), database, target, library_times) if library else []
-    variants = [("generated", {}, False)]
-    if choices:
+    choices = plan(optimise(model.mod), database, target, library_times, library=library)
+    winograd = generated_choice(choices)
+    variants = [("generated", winograd, False)] + ([("generated, direct", {}, False)] if winograd else [])
+    if library and choices:
         variants += [("library", eligible(choices), False), ("choice", chosen(choices), False)]
         if not is_cuda(target):             # serial glue: TVM's CPU thread pool beside OpenMP's
             variants += [("library, serial glue", eligible(choices), True),

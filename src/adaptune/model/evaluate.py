@@ -131,6 +131,11 @@ def _vm_runner(executable, inputs):
     return run
 
 
+def _winograd_note(build) -> str:
+    n = sum(1 for v in build.library.values() if v == "winograd-generated")
+    return f"{n} chains as Winograd with generated GEMMs" if n else ""
+
+
 def evaluate(model, target=None, database=None, *, library: bool = True, anchors: bool = True,
              compile_torch: bool = True, rounds: int = 5, library_times: dict | None = None,
              on_stage=None) -> Evaluation:
@@ -149,13 +154,13 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
     if database is not None:
         stage("building the tuned model up to five ways (generated, library, per-chain choice, both with serial glue)")
         best = C.build_best(model, database, target, library=library, inputs=inputs, library_times=library_times)
-        gen = next(b for b in best.builds if b.name == "generated")
-        contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, "")
-        on_lib = len(best.best.library)
-        wino = sum(1 for v in best.best.library.values() if v == "winograd")
+        gen = best.generated
+        contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, _winograd_note(gen))
+        on_lib = best.best.on_library
+        wino = sum(1 for v in on_lib.values() if v == "winograd")
         contenders["adaptune"] = (_vm_runner(best.best.executable, inputs), best.best.error,
-                                  f"{best.best.name} build; {on_lib}/{len(best.choices)} chains on the library "
-                                  f"({wino} Winograd)")
+                                  f"{best.best.name} build; {len(on_lib)}/{len(best.choices)} chains on the library "
+                                  f"({wino} Winograd){'; ' + _winograd_note(best.best) if _winograd_note(best.best) else ''}")
     else:
         skipped["adaptune-generated"] = skipped["adaptune"] = "no tuning database (--db)"
     if anchors:

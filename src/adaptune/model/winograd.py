@@ -8,9 +8,10 @@ from a 6x6 input tile with 36 multiplies per channel pair instead of 144:
 * input transform ``V = Bᵀ d B`` per tile: generated here as TIR (tiles in parallel on the GEMM's
   OpenMP threads, 16 channels per vector, the transform unrolled with its zero coefficients left
   out);
-* 36 independent GEMMs ``M[ξ,ν] = V[ξ,ν] · U[ξ,ν]``: one oneDNN grouped 1x1 convolution (36 groups)
-  on the weight transformed once at compile time (``U = G g Gᵀ``) and pre-packed like every
-  library weight (``library.onednn_conv2d``);
+* 36 independent GEMMs ``M[ξ,ν] = V[ξ,ν] · U[ξ,ν]`` on the weight transformed once at compile time
+  (``U = G g Gᵀ``): one oneDNN grouped 1x1 convolution (36 groups), pre-packed like every library
+  weight (``library.onednn_conv2d``), or one batched matmul that adaptune tunes (``gemm``, a task of
+  the model like any other: the all-generated model runs Winograd too);
 * output transform ``Y = Aᵀ M A`` fused with the chain's bias, residual add and ReLU / clip
   (generated TIR, as the input transform).
 
@@ -114,8 +115,9 @@ def _stage(rows: int, cols: int, dst, terms) -> list[str]:
     return [f"                {dst(r, q)} = " + _lin(terms(r, q)) for r in range(rows) for q in range(cols)]
 
 
-def input_transform(h: int, w: int, c: int):
-    """PrimFunc ``x (1,H,W,C) -> V (1,Th,Tw,36·C)``, channel index ``(ξ·6+ν)·C + c``.
+def input_transform(h: int, w: int, c: int, generated: bool = False):
+    """PrimFunc ``x (1,H,W,C) -> V (1,Th,Tw,36·C)``, channel index ``(ξ·6+ν)·C + c``; with
+    ``generated``, the same memory as the generated GEMM's ``V (Th·Tw, 36, C)``.
 
     Each stage writes a small local buffer in its own vectorised loop: TVM's vectorizer mishandles
     scalar ``let`` bindings inside a vectorised loop (wrong results), buffers it handles."""
@@ -123,8 +125,9 @@ def input_transform(h: int, w: int, c: int):
     th, tw = tiles(h, w)
     ty, tx = f"(t // {tw})", f"(t % {tw})"
     ch = f"co * {LANES} + ci"
-    lines = _prologue(f'x: T.Buffer((1, {h}, {w}, {c}), "float32"), '
-                      f'v: T.Buffer((1, {th}, {tw}, {ALPHA * ALPHA * c}), "float32")',
+    v_shape = f"({th * tw}, {ALPHA * ALPHA}, {c})" if generated else f"(1, {th}, {tw}, {ALPHA * ALPHA * c})"
+    v_at = (lambda g: f"v[t, {g}, {ch}]") if generated else (lambda g: f"v[0, {ty}, {tx}, {g * c} + {ch}]")
+    lines = _prologue(f'x: T.Buffer((1, {h}, {w}, {c}), "float32"), v: T.Buffer({v_shape}, "float32")',
                       th * tw, c, {"d": ALPHA * ALPHA, "u": ALPHA * ALPHA})
     for i in range(ALPHA):
         for j in range(ALPHA):
@@ -136,7 +139,7 @@ def input_transform(h: int, w: int, c: int):
     lines += _stage(ALPHA, ALPHA, lambda xi, j: f"u[{xi * ALPHA + j}, ci]",
                     lambda xi, j: ((b[i, xi], f"d[{i * ALPHA + j}, ci]") for i in range(ALPHA)))
     lines.append(f"            for ci in T.vectorized({LANES}):")
-    lines += _stage(ALPHA, ALPHA, lambda xi, nu: f"v[0, {ty}, {tx}, {(xi * ALPHA + nu) * c} + {ch}]",
+    lines += _stage(ALPHA, ALPHA, lambda xi, nu: v_at(xi * ALPHA + nu),
                     lambda xi, nu: ((b[j, nu], f"u[{xi * ALPHA + j}, ci]") for j in range(ALPHA)))
     return _parse("\n".join(lines))
 
@@ -150,19 +153,22 @@ def _post(expr: str, post: str) -> str:
     return expr
 
 
-def output_transform(h: int, w: int, c: int, residual: bool, post: str):
+def output_transform(h: int, w: int, c: int, residual: bool, post: str, generated: bool = False):
     """PrimFunc ``M (1,Th,Tw,36·C), bias (C,) [, residual (1,H,W,C)] -> Y (1,H,W,C)``: the inverse
-    transform, then ``+ bias (+ residual)`` and the post-op, storing the tile's in-bounds pixels."""
+    transform, then ``+ bias (+ residual)`` and the post-op, storing the tile's in-bounds pixels.
+    ``generated``: ``M`` is the generated GEMM's ``(36, Th·Tw, C)``."""
     a, _, _ = matrices()
     th, tw = tiles(h, w)
     ty, tx = f"(t // {tw})", f"(t % {tw})"
     ch = f"co * {LANES} + ci"
     res_arg = f'r: T.Buffer((1, {h}, {w}, {c}), "float32"), ' if residual else ""
-    lines = _prologue(f'm: T.Buffer((1, {th}, {tw}, {ALPHA * ALPHA * c}), "float32"), '
+    m_shape = f"({ALPHA * ALPHA}, {th * tw}, {c})" if generated else f"(1, {th}, {tw}, {ALPHA * ALPHA * c})"
+    m_at = (lambda g: f"m[{g}, t, {ch}]") if generated else (lambda g: f"m[0, {ty}, {tx}, {g * c} + {ch}]")
+    lines = _prologue(f'm: T.Buffer({m_shape}, "float32"), '
                       f'bias: T.Buffer(({c},), "float32"), {res_arg}y: T.Buffer((1, {h}, {w}, {c}), "float32")',
                       th * tw, c, {"s": ALPHA * M})
     lines += _stage(ALPHA, M, lambda xi, bb: f"s[{xi * M + bb}, ci]",
-                    lambda xi, bb: ((a[nu, bb], f"m[0, {ty}, {tx}, {(xi * ALPHA + nu) * c} + {ch}]") for nu in range(ALPHA)))
+                    lambda xi, bb: ((a[nu, bb], m_at(xi * ALPHA + nu)) for nu in range(ALPHA)))
     lines.append(f"            for ci in T.vectorized({LANES}):")
     for aa in range(M):
         for bb in range(M):
@@ -180,26 +186,66 @@ def output_transform(h: int, w: int, c: int, residual: bool, post: str):
     return _parse("\n".join(lines))
 
 
-def call(op, x, w_oihw: np.ndarray, bias: np.ndarray, residual, digest: int, add_func) -> relax.Expr:
-    """The chain as Relax: input transform, the grouped GEMM on oneDNN, output transform.
+def gemm(tiles_: int, ci: int, co: int):
+    """PrimFunc ``V (T,36,Ci), U (36,Co,Ci) -> M (36,T,Co)``: the 36 GEMMs as one batched matmul that
+    adaptune tunes like any other kernel (the expert matmul space: tiles register-blocked, output
+    channels vectorised, ``U`` packed once).  Measured as fast as oneDNN's grouped call at 56x56 and
+    1.8x faster at 7x7 (docs/decisions.md, 2026-11-28 session 53)."""
+    from tvm import te
+    v = te.placeholder((tiles_, ALPHA * ALPHA, ci), "float32", name="v")
+    u = te.placeholder((ALPHA * ALPHA, co, ci), "float32", name="u")
+    k = te.reduce_axis((0, ci), name="k")
+    m = te.compute((ALPHA * ALPHA, tiles_, co), lambda g, t, o: te.sum(v[t, g, k] * u[g, o, k], axis=k),
+                   name="NT_matmul")
+    return te.create_prim_func([v, u, m]).without_attr("global_symbol").with_attr("layout_free_buffers", [1])
+
+
+def gemm_tasks(optimised, target) -> list:
+    """The generated GEMM of every chain Winograd can run, as tuning tasks (weight: its calls), so
+    that the all-generated model can run Winograd too.  None on a GPU (the transforms are CPU code)."""
+    from ..measure.target import is_cuda
+    from .graph import extract_tasks
+    from .library import find_ops, offload
+    ops = {op: "winograd-generated" for op in find_ops(optimised) if supports(op)}
+    if not ops or is_cuda(target):
+        return []
+    return [t for t in extract_tasks(offload(optimised, ops), target)[0] if t.name.startswith("winograd_gemm_")]
+
+
+def gemm_name(op) -> str:
+    """The generated GEMM's kernel (and task) name for a chain."""
+    _, h, w, ci = op.data
+    th, tw = tiles(h, w)
+    return f"winograd_gemm_{th * tw}x{ci}x{op.weight[0]}"
+
+
+def call(op, x, w_oihw: np.ndarray, bias: np.ndarray, residual, digest: int, add_func,
+         generated: bool = False) -> relax.Expr:
+    """The chain as Relax: input transform, the 36 GEMMs, output transform.  The GEMMs run as one
+    oneDNN grouped call, or with ``generated`` as the tuned kernel ``gemm`` (all generated code).
 
     ``add_func(name, prim_func) -> GlobalVar`` puts a transform into the module being rewritten."""
     from .library.calls import CONV
     _, h, w, ci = op.data
     co = op.weight[0]
     th, tw = tiles(h, w)
-    gemm_in = relax.TensorType((1, th, tw, ALPHA * ALPHA * ci), "float32")
-    gemm_out = relax.TensorType((1, th, tw, ALPHA * ALPHA * co), "float32")
-    tag = f"{h}x{w}x{ci}"
-    v = relax.call_tir(add_func(f"winograd_input_{tag}", input_transform(h, w, ci)), [x], gemm_in)
-    u = weight_transform(w_oihw)
     groups = ALPHA * ALPHA
-    m = relax.call_pure_packed(
-        CONV, v, relax.const(u), relax.const(np.zeros(groups * co, "float32")),
-        relax.ShapeExpr([0, 0]), relax.ShapeExpr([1, 1]), relax.ShapeExpr([1, 1]), relax.prim_value(groups),
-        relax.expr.String("none"), relax.prim_value(digest ^ 0x5717), ty_args=gemm_out)
-    name = f"winograd_output_{h}x{w}x{co}{'_add' if residual is not None else ''}_{op.post.replace(':', '_')}"
+    tag = f"{h}x{w}x{ci}"
+    v = relax.call_tir(add_func(f"winograd_input_{tag}{'_gen' if generated else ''}", input_transform(h, w, ci, generated)),
+                       [x], relax.TensorType((th * tw, groups, ci) if generated else (1, th, tw, groups * ci), "float32"))
+    u = weight_transform(w_oihw)
+    if generated:
+        m = relax.call_tir(add_func(gemm_name(op), gemm(th * tw, ci, co)), [v, relax.const(u.reshape(groups, co, ci))],
+                           relax.TensorType((groups, th * tw, co), "float32"))
+    else:
+        m = relax.call_pure_packed(
+            CONV, v, relax.const(u), relax.const(np.zeros(groups * co, "float32")),
+            relax.ShapeExpr([0, 0]), relax.ShapeExpr([1, 1]), relax.ShapeExpr([1, 1]), relax.prim_value(groups),
+            relax.expr.String("none"), relax.prim_value(digest ^ 0x5717),
+            ty_args=relax.TensorType((1, th, tw, groups * co), "float32"))
+    name = (f"winograd_output_{h}x{w}x{co}{'_add' if residual is not None else ''}_{op.post.replace(':', '_')}"
+            f"{'_gen' if generated else ''}")
     args = [m, relax.const(np.ascontiguousarray(bias, "float32"))] + ([residual] if residual is not None else [])
     out = add_func(name.replace(".", "p").replace("-", "m"),
-                   output_transform(h, w, co, residual is not None, op.post))
+                   output_transform(h, w, co, residual is not None, op.post, generated))
     return relax.call_tir(out, args, relax.TensorType(op.out, "float32"))

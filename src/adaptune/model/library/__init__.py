@@ -15,19 +15,22 @@ attention's softmax and a layer norm one PyTorch call each.
 * ``patterns``: ``find_ops``, the fusable chains of the NHWC graph with call counts;
 * ``lowering``: ``offload`` rewrites the chosen chains into
   ``R.call_pure_packed("adaptune.onednn.*", ...)``;
-* ``choice``: ``plan``, per signature, the fused library call timed against the best tuned kernel
-  of the same subgraph (its task in the tuning database); a call that fails for its shape or
-  attributes falls back to the generated kernel with one warning.
+* ``choice``: ``plan``, per signature, the fused library call (and Winograd, ``winograd.py``, with
+  its GEMMs on oneDNN or generated) timed against the best tuned kernel of the same subgraph (its
+  task in the tuning database); a call that fails for its shape or attributes falls back to the
+  generated kernel with one warning.
 
 ``compile.build_best`` then times the whole model built up to five ways and keeps the fastest (the
 choice is checked on the whole model, not only per kernel).
 """
 from .calls import CONV, onednn_conv2d, onednn_conv2d_add, onednn_linear, onednn_linear_add
-from .choice import Choice, chosen, eligible, library_time, plan, schedule_epilogues, task_floors
+from .choice import (LIBRARY_IMPLS, Choice, chosen, eligible, generated_choice, library_time, plan,
+                     schedule_epilogues, task_floors)
 from .lowering import chain_modules, offload
 from .op import LibraryOp, workload_call
 from .patterns import find_ops
 
-__all__ = ["CONV", "Choice", "LibraryOp", "chain_modules", "chosen", "eligible", "find_ops", "library_time",
+__all__ = ["CONV", "Choice", "LIBRARY_IMPLS", "LibraryOp", "chain_modules", "chosen", "eligible", "find_ops",
+           "generated_choice", "library_time",
            "offload", "onednn_conv2d", "onednn_conv2d_add", "onednn_linear", "onednn_linear_add", "plan",
            "schedule_epilogues", "task_floors", "workload_call"]

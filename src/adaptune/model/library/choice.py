@@ -16,6 +16,10 @@ from .op import LibraryOp
 from .patterns import find_ops
 
 
+#: implementations that call the vendor library (the others are all generated code)
+LIBRARY_IMPLS = ("onednn", "winograd")
+
+
 @dataclass
 class Choice:
     op: LibraryOp
@@ -24,6 +28,7 @@ class Choice:
     generated_s: float | None           # the best record of the chain's fused task
     tasks: list[str] = field(default_factory=list)
     winograd_s: float | None = None     # Winograd F(4x4,3x3) (``winograd.py``); None: not applicable
+    winograd_generated_s: float | None = None   # the same with its GEMMs generated; None: no tuned GEMM
 
     @property
     def library_impl(self) -> str | None:
@@ -32,22 +37,32 @@ class Choice:
         return min(times, key=times.get) if times else None
 
     @property
+    def generated_impl(self) -> str:
+        """The chain's faster all-generated implementation: the tuned direct kernel ("generated") or
+        Winograd with the tuned GEMM ("winograd-generated")."""
+        w, g = self.winograd_generated_s, self.generated_s
+        return "winograd-generated" if w is not None and (g is None or w < g) else "generated"
+
+    @property
     def impl(self) -> str:
-        """What the chain runs in the per-chain choice: "generated", "onednn" or "winograd"."""
-        lib = self.library_impl
+        """What the chain runs in the per-chain choice: "generated", "winograd-generated", "onednn"
+        or "winograd"."""
+        lib, gen = self.library_impl, self.generated_impl
         if lib is None:
-            return "generated"
+            return gen
         lib_s = self.library_s if lib == "onednn" else self.winograd_s
-        return lib if self.generated_s is None or lib_s < self.generated_s else "generated"
+        gen_s = self.winograd_generated_s if gen == "winograd-generated" else self.generated_s
+        return lib if gen_s is None or lib_s < gen_s else gen
 
     @property
     def use_library(self) -> bool:
-        return self.impl != "generated"
+        return self.impl in LIBRARY_IMPLS
 
     def as_dict(self) -> dict:
         ms = lambda s: None if s is None else s * 1e3                     # noqa: E731
         return {"op": self.op.label, "calls": self.calls, "library_ms": ms(self.library_s),
-                "winograd_ms": ms(self.winograd_s), "generated_ms": ms(self.generated_s), "tasks": self.tasks,
+                "winograd_ms": ms(self.winograd_s), "winograd_generated_ms": ms(self.winograd_generated_s),
+                "generated_ms": ms(self.generated_s), "tasks": self.tasks,
                 "choice": self.impl}
 
 
@@ -58,42 +73,54 @@ def _chain_tasks(optimised, target):
         yield op, mod, extract_tasks(mod, target)[0]
 
 
-def _time_winograd(op: LibraryOp, chain_mod, target, repeat: int = 5) -> float:
-    """Seconds per call of the chain as Winograd F(4x4,3x3), built and run through the Relax VM."""
+def _time_winograd(op: LibraryOp, chain_mod, target, database=None, repeat: int = 5) -> float | None:
+    """Seconds per call of the chain as Winograd F(4x4,3x3), built and run through the Relax VM; with
+    a ``database``, its GEMMs generated from their best record (None when it has none)."""
     from ..timing import time_vm
-    from ..graph import fuse
-    ex = tvm.compile(fuse(offload(chain_mod, {op: "winograd"}), target), target=target)
+    from ..graph import apply_database, fuse
+    from ..winograd import gemm_name
+    mod = fuse(offload(chain_mod, {op: "winograd" if database is None else "winograd-generated"}), target)
+    if database is not None:
+        mod = apply_database(mod, database, target)
+        attrs = mod[gemm_name(op)].attrs
+        if not (attrs and attrs.get("tirx.is_scheduled")):
+            return None
+    ex = tvm.compile(mod, target=target)
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in chain_mod["main"].params]
     return time_vm(ex, inputs, repeat=repeat, min_repeat_ms=100)
 
 
-def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None = None) -> float | None:
-    """Seconds per call of the chain on ``impl`` ("onednn": the fused call; "winograd"), or None
-    where it does not apply or fails (one warning line: the chain keeps its other paths).
+def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None = None,
+                 database=None) -> float | None:
+    """Seconds per call of the chain on ``impl`` ("onednn": the fused call; "winograd";
+    "winograd-generated", whose GEMMs come from ``database``), or None where it does not apply or
+    fails (one warning line: the chain keeps its other paths).
     ``times`` holds what this run measured already: tuning's ``task_floors`` and the build's
     ``plan`` time each chain once between them."""
     from .. import winograd
     times = {} if times is None else times
     if (op, impl) not in times:
-        if impl == "winograd" and (is_cuda(target) or not winograd.supports(op)):
+        if impl != "onednn" and (is_cuda(target) or not winograd.supports(op)):
             times[op, impl] = None
             return None
         try:
             with device_exclusive():
                 times[op, impl] = op.time(repeat=5, dev=device(target)) if impl == "onednn" else \
-                    _time_winograd(op, chain_mod, target)
+                    _time_winograd(op, chain_mod, target, database if impl == "winograd-generated" else None)
         except Exception as e:                              # noqa: BLE001 - any failure of a library path
-            name, rest = ("oneDNN", "the generated kernel") if impl == "onednn" else \
-                ("Winograd", "oneDNN or the generated kernel")
+            name, rest = {"onednn": ("oneDNN", "the generated kernel"),
+                          "winograd": ("Winograd", "oneDNN or the generated kernel"),
+                          "winograd-generated": ("Winograd with generated GEMMs", "the other paths")}[impl]
             print(f"adaptune: warning: {name} cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
                   f"using {rest}", file=sys.stderr)
             times[op, impl] = None
     return times[op, impl]
 
 
-def plan(optimised, database, target, times: dict | None = None) -> list[Choice]:
-    """Time each chain's fused library call and look up its tuned kernel (see module doc).
+def plan(optimised, database, target, times: dict | None = None, library: bool = True) -> list[Choice]:
+    """Time each chain's fused library call and Winograd with generated GEMMs, and look up its tuned
+    kernel (see module doc); without ``library``, only the generated paths.
 
     A library call that raises (a shape or attribute oneDNN does not take) is reported in one
     warning line and that chain stays generated.  ``times``: see ``library_time``."""
@@ -107,8 +134,11 @@ def plan(optimised, database, target, times: dict | None = None) -> list[Choice]
             if rec is not None and rec.run_secs:
                 lats.append(latency(rec.run_secs))
         generated = sum(lats) if len(lats) == len(tasks) and lats else None
-        choices.append(Choice(op, counts.get(op, 0), library_time(op, "onednn", chain_mod, target, times), generated,
-                              [t.name for t in tasks], library_time(op, "winograd", chain_mod, target, times)))
+        lib = {impl: library_time(op, impl, chain_mod, target, times) if library else None
+               for impl in ("onednn", "winograd")}
+        wgen = library_time(op, "winograd-generated", chain_mod, target, times, database) if database is not None else None
+        choices.append(Choice(op, counts.get(op, 0), lib["onednn"], generated, [t.name for t in tasks],
+                              lib["winograd"], wgen))
     return choices
 
 
@@ -129,8 +159,13 @@ def task_floors(optimised, tasks, target, times: dict | None = None) -> dict[str
 
 
 def chosen(choices) -> dict[LibraryOp, str]:
-    """The signatures a plan gives to the library, with the implementation each runs."""
-    return {c.op: c.impl for c in choices if c.use_library}
+    """The signatures the per-chain choice rewrites (library calls, Winograd), with the implementation each runs."""
+    return {c.op: c.impl for c in choices if c.impl != "generated"}
+
+
+def generated_choice(choices) -> dict[LibraryOp, str]:
+    """The signatures the all-generated build runs as Winograd with generated GEMMs."""
+    return {c.op: c.generated_impl for c in choices if c.generated_impl != "generated"}
 
 
 def eligible(choices) -> dict[LibraryOp, str]:

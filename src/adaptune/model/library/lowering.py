@@ -10,15 +10,17 @@ from .calls import digest
 from .patterns import Chain, packed_call, rewrite, weight_bias
 
 
-def _winograd_call(chain: Chain, add_func) -> relax.Expr:
+def _winograd_call(chain: Chain, add_func, generated: bool) -> relax.Expr:
     from .. import winograd
     w, b = weight_bias(chain)
-    return winograd.call(chain.op, chain.anchor.args[0], w, b, chain.residual, digest(chain.op, w, b), add_func)
+    return winograd.call(chain.op, chain.anchor.args[0], w, b, chain.residual, digest(chain.op, w, b), add_func,
+                         generated)
 
 
 def offload(optimised, ops: dict) -> "tvm.IRModule":
     """Rewrite every chain whose signature is in ``ops`` into its library implementation:
-    ``"onednn"``, one fused oneDNN call; ``"winograd"``, ``winograd.call``."""
+    ``"onednn"``, one fused oneDNN call; ``"winograd"``, ``winograd.call`` (its GEMMs on oneDNN);
+    ``"winograd-generated"``, the same with the tuned GEMM kernel (all generated code)."""
     if not ops:
         return optimised
 
@@ -26,8 +28,8 @@ def offload(optimised, ops: dict) -> "tvm.IRModule":
         impl = ops.get(chain.op)
         if impl == "onednn":
             return packed_call(chain)
-        if impl == "winograd":
-            return _winograd_call(chain, add_func)
+        if impl in ("winograd", "winograd-generated"):
+            return _winograd_call(chain, add_func, impl == "winograd-generated")
         return None
     return rewrite(optimised, on_chain)
 
