@@ -117,6 +117,28 @@ def test_winograd_chains_match_pytorch_and_load_in_a_fresh_process(target, empty
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), m.reference(x)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_the_all_generated_build_runs_winograd_with_its_tuned_gemm(target, tmp_path):
+    """Each 3x3 chain's Winograd GEMM is a task of the model (one per shape); tuned, the all-generated
+    build runs the chains where that timed faster than the direct kernel as Winograd with the tuned
+    GEMM, checked, and races it against the direct build; neither calls the library."""
+    from adaptune.model.winograd import gemm_name
+    from adaptune.scheduler import tune_model
+    torch.manual_seed(0)
+    m = load_model(WinoBlock().eval(), input_shape=WinoBlock.example_input_shape)
+    res = tune_model(m, target, trials=24, work_dir=tmp_path / "wd")
+    gemms = [t for t in res.tasks if t.name.startswith("winograd_gemm_")]
+    assert len(gemms) == 1 and gemms[0].weight == 3 and gemms[0].alternative and gemms[0].best is not None
+    best = C.build_best(m, C.open_database(tmp_path / "wd"), target, library=False)
+    assert len(best.choices) == 3 and all(c.winograd_generated_s is not None for c in best.choices)
+    gen = best.builds[0]
+    assert gen.name == "generated" and gen.library == L.generated_choice(best.choices)
+    assert [b.name for b in best.builds] == (["generated", "generated, direct"] if gen.library else ["generated"])
+    assert all(not b.on_library and b.error < 1e-4 for b in best.builds)
+    if gen.library:
+        counts = op_counts(C.lower_tuned(m, C.open_database(tmp_path / "wd"), target, gen.library))
+        assert sum(n for k, n in counts.items() if k.startswith("kernel:" + gemm_name(next(iter(gen.library))))) == 3
+
+
 def test_chains_are_found_once_each_with_their_epilogues(block):
     ops = L.find_ops(optimise(block.mod))
     assert sorted(o.label for o in ops) == [
@@ -203,7 +225,7 @@ def _inject_build_times(block, monkeypatch, seconds) -> list[int]:
     choice, and the last two with serial glue), and each model timing returns ``seconds(i, n)`` for
     build ``i`` (in the order first timed) on its ``n``-th timing; returns the builds' indices in
     the order they were timed."""
-    monkeypatch.setattr(L, "plan", lambda *a: [
+    monkeypatch.setattr(L, "plan", lambda *a, **_: [
         L.Choice(op, 1, 1e-6, 1e-3) if op.kind == "conv2d" else L.Choice(op, 1, 1e-3, 1e-6)
         for op in L.find_ops(optimise(block.mod))])
     order, calls = [], []

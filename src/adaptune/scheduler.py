@@ -55,6 +55,7 @@ class TaskSummary:
     exhausted: bool = False
     small: bool = False             # under 1% of the untuned model's time: one warm-up trial
     library: float | None = None    # the fused oneDNN call for this task's chain, seconds
+    alternative: bool = False       # another way to compute chains other tasks compute (Winograd's GEMM)
 
     @property
     def current(self) -> float | None:
@@ -92,7 +93,7 @@ class ModelTuneResult:
 
     def estimated_latency(self, tuned: bool = True) -> float:
         """Sum over tasks of weight x kernel latency (the model's kernel time, without VM overhead)."""
-        return sum(t.weight * ((t.in_model if tuned else t.baseline) or 0.0) for t in self.tasks)
+        return sum(t.weight * ((t.in_model if tuned else t.baseline) or 0.0) for t in self.tasks if not t.alternative)
 
 
 def next_task(tasks: list[TaskSummary]) -> int | None:
@@ -155,7 +156,8 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
     stage("graph passes and task extraction")
     optimised = optimise(model.mod)
     tasks, fuse_summary = extract_tasks(optimised, target)
-    tasks += gemm_tasks(optimised, target)          # Winograd's GEMMs, for the all-generated model
+    alternatives = gemm_tasks(optimised, target)    # Winograd's GEMMs, for the all-generated model
+    tasks += alternatives
     passes = {**pass_report(model.mod, optimised), **fuse_summary}
     old = wd.model() if resume else None
     if old is not None and (old["target"] != str(target) or old["model"] != model.source):
@@ -185,8 +187,9 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
             "tasks": [{"name": t.name, "weight": t.weight, "flops": t.flops, "baseline": baselines[t.name],
                        "library": floors.get(t.name)} for t in tasks]}
     wd.write_model(meta)
-    summaries = [TaskSummary(t.name, t.weight, t.flops, baselines[t.name], library=floors.get(t.name)) for t in tasks]
-    untuned_total = sum(s.weight * (s.baseline or 0.0) for s in summaries)
+    summaries = [TaskSummary(t.name, t.weight, t.flops, baselines[t.name], library=floors.get(t.name),
+                             alternative=any(t is a for a in alternatives)) for t in tasks]
+    untuned_total = sum(s.weight * (s.baseline or 0.0) for s in summaries if not s.alternative)
     for s in summaries:
         s.small = s.baseline is not None and s.weight * s.baseline < SMALL_SHARE * untuned_total
     tuners: list[TaskTuner | None] = [None] * len(tasks)
@@ -196,7 +199,7 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
     used = 0
 
     def estimate() -> float:
-        return sum(s.weight * s.in_model for s in summaries)
+        return sum(s.weight * s.in_model for s in summaries if not s.alternative)
 
     def tuner(i: int) -> TaskTuner:
         if tuners[i] is None:

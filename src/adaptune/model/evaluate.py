@@ -152,7 +152,7 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
     contenders["tvm-untuned"] = (_vm_runner(ex0, inputs), C.check(ex0, model, inputs), "")
     best = None
     if database is not None:
-        stage("building the tuned model up to five ways (generated, library, per-chain choice, both with serial glue)")
+        stage("building the tuned model up to six ways (generated with and without Winograd, library, per-chain choice, both with serial glue)")
         best = C.build_best(model, database, target, library=library, inputs=inputs, library_times=library_times)
         gen = best.generated
         contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, _winograd_note(gen))

@@ -82,8 +82,8 @@ def _time_winograd(op: LibraryOp, chain_mod, target, database=None, repeat: int 
     mod = fuse(offload(chain_mod, {op: "winograd" if database is None else "winograd-generated"}), target)
     if database is not None:
         mod = apply_database(mod, database, target)
-        attrs = mod[gemm_name(op)].attrs
-        if not (attrs and attrs.get("tirx.is_scheduled")):
+        gemm = next(f for gv, f in mod.functions_items() if gv.name_hint.startswith(gemm_name(op)))
+        if not (gemm.attrs and gemm.attrs.get("tirx.is_scheduled")):
             return None
     ex = tvm.compile(mod, target=target)
     rng = np.random.default_rng(0)
