@@ -33,7 +33,6 @@ from ._tvm import ms
 from .measure.workdir import WorkDir, WorkDirError
 from .model.frontends import Model
 from .model.graph import extract_tasks, gpu_kernel_schedule, optimise, pass_report
-from .model.winograd import gemm_tasks
 from .measure.run import Measurer
 from .measure.target import is_cuda, parse_target
 from .tuner import TaskTuner
@@ -156,6 +155,7 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
     stage("graph passes and task extraction")
     optimised = optimise(model.mod)
     tasks, fuse_summary = extract_tasks(optimised, target)
+    from .model.library import gemm_tasks
     alternatives = gemm_tasks(optimised, target)    # Winograd's GEMMs, for the all-generated model
     tasks += alternatives
     passes = {**pass_report(model.mod, optimised), **fuse_summary}

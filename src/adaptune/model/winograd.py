@@ -200,18 +200,6 @@ def gemm(tiles_: int, ci: int, co: int):
     return te.create_prim_func([v, u, m]).without_attr("global_symbol").with_attr("layout_free_buffers", [1])
 
 
-def gemm_tasks(optimised, target) -> list:
-    """The generated GEMM of every chain Winograd can run, as tuning tasks (weight: its calls), so
-    that the all-generated model can run Winograd too.  None on a GPU (the transforms are CPU code)."""
-    from ..measure.target import is_cuda
-    from .graph import extract_tasks
-    from .library import find_ops, offload
-    ops = {op: "winograd-generated" for op in find_ops(optimised) if supports(op)}
-    if not ops or is_cuda(target):
-        return []
-    return [t for t in extract_tasks(offload(optimised, ops), target)[0] if t.name.startswith("winograd_gemm_")]
-
-
 def gemm_name(op) -> str:
     """The generated GEMM's kernel (and task) name for a chain."""
     _, h, w, ci = op.data

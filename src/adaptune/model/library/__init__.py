@@ -24,13 +24,13 @@ attention's softmax and a layer norm one PyTorch call each.
 choice is checked on the whole model, not only per kernel).
 """
 from .calls import CONV, onednn_conv2d, onednn_conv2d_add, onednn_linear, onednn_linear_add
-from .choice import (LIBRARY_IMPLS, Choice, chosen, eligible, generated_choice, library_time, plan,
-                     schedule_epilogues, task_floors)
+from .choice import (LIBRARY_IMPLS, Choice, chosen, eligible, gemm_tasks, generated_choice, library_time,
+                     plan, schedule_epilogues, task_floors)
 from .lowering import chain_modules, offload
 from .op import LibraryOp, workload_call
 from .patterns import find_ops
 
 __all__ = ["CONV", "Choice", "LIBRARY_IMPLS", "LibraryOp", "chain_modules", "chosen", "eligible", "find_ops",
-           "generated_choice", "library_time",
+           "gemm_tasks", "generated_choice", "library_time",
            "offload", "onednn_conv2d", "onednn_conv2d_add", "onednn_linear", "onednn_linear_add", "plan",
            "schedule_epilogues", "task_floors", "workload_call"]

@@ -142,6 +142,18 @@ def plan(optimised, database, target, times: dict | None = None, library: bool =
     return choices
 
 
+def gemm_tasks(optimised, target) -> list:
+    """The generated GEMM (``winograd.gemm``) of every chain Winograd can run, as tuning tasks
+    (weight: its calls), so that the all-generated model can run Winograd too.  None on a GPU (the
+    transforms are CPU code)."""
+    from ..graph import extract_tasks
+    from ..winograd import supports
+    ops = {op: "winograd-generated" for op in find_ops(optimised) if supports(op)}
+    if not ops or is_cuda(target):
+        return []
+    return [t for t in extract_tasks(offload(optimised, ops), target)[0] if t.name.startswith("winograd_gemm_")]
+
+
 def task_floors(optimised, tasks, target, times: dict | None = None) -> dict[str, float]:
     """Per task that computes exactly one library chain, the fused library call's time: what a
     tuned kernel must beat to be used (the scheduler spends trials where generated code can win).
