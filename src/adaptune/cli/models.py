@@ -114,7 +114,8 @@ def _library_summary(library: dict, chains: int | None = None) -> str:
     (", 2 as Winograd with generated GEMMs")."""
     n = {impl: sum(1 for v in library.values() if v == impl) for impl in ("onednn", "winograd", "winograd-generated")}
     of = "" if chains is None else f" of {chains}"
-    return (f"{n['onednn']}{of} chains as fused library calls" + (f", {n['winograd']} as Winograd" if n["winograd"] else "")
+    return (f"{n['onednn']}{of} chains as fused library calls"
+            + (f", {n['winograd']} as Winograd" if n["winograd"] else "")
             + (f", {n['winograd-generated']} as Winograd with generated GEMMs" if n["winograd-generated"] else ""))
 
 

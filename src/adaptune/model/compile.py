@@ -75,7 +75,8 @@ def lower_tuned(model, database, target, library=None, serial=False) -> "tvm.IRM
 
     ``library``: chain signatures (``library.LibraryOp``) -> "onednn" | "winograd" |
     "winograd-generated", the chains to run on that implementation instead of the direct generated
-    kernel (Woodpecker's per-operator choice; see ``library.plan``).  ``serial``: glue kernels run serially (``serial_glue``)."""
+    kernel (Woodpecker's per-operator choice; see ``library.plan``).  ``serial``: glue kernels run
+    serially (``serial_glue``)."""
     mod = optimise(model.mod)
     if library:
         from .library import offload

@@ -152,15 +152,16 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
     contenders["tvm-untuned"] = (_vm_runner(ex0, inputs), C.check(ex0, model, inputs), "")
     best = None
     if database is not None:
-        stage("building the tuned model up to six ways (generated with and without Winograd, library, per-chain choice, both with serial glue)")
+        stage("building the tuned model up to six ways (generated with and without Winograd, library, "
+              "per-chain choice, both with serial glue)")
         best = C.build_best(model, database, target, library=library, inputs=inputs, library_times=library_times)
         gen = best.generated
         contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, _winograd_note(gen))
         on_lib = best.best.on_library
         wino = sum(1 for v in on_lib.values() if v == "winograd")
-        contenders["adaptune"] = (_vm_runner(best.best.executable, inputs), best.best.error,
-                                  f"{best.best.name} build; {len(on_lib)}/{len(best.choices)} chains on the library "
-                                  f"({wino} Winograd){'; ' + _winograd_note(best.best) if _winograd_note(best.best) else ''}")
+        note = "; ".join(x for x in (f"{best.best.name} build", f"{len(on_lib)}/{len(best.choices)} chains on the "
+                                     f"library ({wino} Winograd)", _winograd_note(best.best)) if x)
+        contenders["adaptune"] = (_vm_runner(best.best.executable, inputs), best.best.error, note)
     else:
         skipped["adaptune-generated"] = skipped["adaptune"] = "no tuning database (--db)"
     if anchors:
