@@ -106,10 +106,7 @@ def main(argv=None) -> int:
                       on_stage=lambda s: print(f"  {s}", flush=True))
         print(f"\n{name}, batch 1, {args.trials} trials, {target}\n{table(ev, wall)}", flush=True)
         for b in ev.best.builds:
-            wino = sum(1 for v in b.library.values() if v == "winograd")
-            wgen = sum(1 for v in b.library.values() if v == "winograd-generated")
-            print(f"  build {b.name}: {b.seconds * 1e3:.3f} ms, {len(b.on_library)} chains on the library "
-                  f"({wino} as Winograd), {wgen} as Winograd with generated GEMMs")
+            print(f"  build {b.name}: {b.seconds * 1e3:.3f} ms, {b.summary()}")
         rows = ev.as_dict()
         rows["tuning_s"] = wall
         if args.ms:

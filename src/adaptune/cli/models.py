@@ -109,16 +109,6 @@ def _choice_table(best, gpu: bool = False) -> None:
                   f"  ->  keeps the {best.best.name} build")
 
 
-def _library_summary(library: dict, chains: int | None = None) -> str:
-    """What a build runs on the library: "5 of 16 chains as fused library calls, 10 as Winograd"
-    (", 2 as Winograd with generated GEMMs")."""
-    n = {impl: sum(1 for v in library.values() if v == impl) for impl in ("onednn", "winograd", "winograd-generated")}
-    of = "" if chains is None else f" of {chains}"
-    return (f"{n['onednn']}{of} chains as fused library calls"
-            + (f", {n['winograd']} as Winograd" if n["winograd"] else "")
-            + (f", {n['winograd-generated']} as Winograd with generated GEMMs" if n["winograd-generated"] else ""))
-
-
 def _build_best(args, model, target, db):
     from ..measure.target import is_cuda
     from ..model.compile import build_best
@@ -239,7 +229,7 @@ def _tune(args, model, target, measurer, work_dir: Path) -> int:
     console.print(f"[bold]{model.name}: untuned TVM {_ms(t0)}  ->  tuned {_ms(gen.seconds)}   "
                   f"speedup {t0 / gen.seconds:.1f}x[/]")
     if best.best.name != "generated":
-        console.print(f"[bold]with {_library_summary(best.best.library, len(best.choices))}: "
+        console.print(f"[bold]with {best.best.summary(len(best.choices))}: "
                       f"{_ms(best.best.seconds)}   speedup {t0 / best.best.seconds:.1f}x[/]")
     console.print(f"time per phase: {phases}")
     console.print(f"next: adaptune bench {args.model} --db {work_dir}   |   adaptune report {work_dir}")
@@ -263,7 +253,7 @@ def cmd_compile(args) -> int:
         return fail(f"compiled model fails the numerical check, nothing written: {e}", 1)
     C.export(best.best.executable, out)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); numerics PASS (max error {best.best.error:.1e}); "
-          f"{_library_summary(best.best.library)}. Load with "
+          f"{best.best.summary()}. Load with "
           f"tvm.relax.VirtualMachine(adaptune.model.compile.load(path), {'tvm.cuda()' if is_cuda(target) else 'tvm.cpu()'})")
     return 0
 

@@ -6,6 +6,7 @@ executable is checked against the model's reference before any timing is reporte
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +111,15 @@ class Build:
         """The chains this build runs on the vendor library (oneDNN calls, Winograd's oneDNN GEMMs)."""
         from .library import LIBRARY_IMPLS
         return {op: impl for op, impl in self.library.items() if impl in LIBRARY_IMPLS}
+
+    def summary(self, chains: int | None = None) -> str:
+        """What the build runs off the direct kernels: "5 of 16 chains as fused library calls,
+        10 as Winograd, 2 as Winograd with generated GEMMs" (zero counts after the first left out)."""
+        n = Counter(self.library.values())
+        of = "" if chains is None else f" of {chains}"
+        return (f"{n['onednn']}{of} chains as fused library calls"
+                + (f", {n['winograd']} as Winograd" if n["winograd"] else "")
+                + (f", {n['winograd-generated']} as Winograd with generated GEMMs" if n["winograd-generated"] else ""))
 
 
 @dataclass

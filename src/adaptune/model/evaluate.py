@@ -131,11 +131,6 @@ def _vm_runner(executable, inputs):
     return run
 
 
-def _winograd_note(build) -> str:
-    n = sum(1 for v in build.library.values() if v == "winograd-generated")
-    return f"{n} chains as Winograd with generated GEMMs" if n else ""
-
-
 def evaluate(model, target=None, database=None, *, library: bool = True, anchors: bool = True,
              compile_torch: bool = True, rounds: int = 5, library_times: dict | None = None,
              on_stage=None) -> Evaluation:
@@ -156,12 +151,9 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
               "per-chain choice, both with serial glue)")
         best = C.build_best(model, database, target, library=library, inputs=inputs, library_times=library_times)
         gen = best.generated
-        contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, _winograd_note(gen))
-        on_lib = best.best.on_library
-        wino = sum(1 for v in on_lib.values() if v == "winograd")
-        note = "; ".join(x for x in (f"{best.best.name} build", f"{len(on_lib)}/{len(best.choices)} chains on the "
-                                     f"library ({wino} Winograd)", _winograd_note(best.best)) if x)
-        contenders["adaptune"] = (_vm_runner(best.best.executable, inputs), best.best.error, note)
+        contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, f"{gen.name} build")
+        contenders["adaptune"] = (_vm_runner(best.best.executable, inputs), best.best.error,
+                                  f"{best.best.name} build; {best.best.summary(len(best.choices))}")
     else:
         skipped["adaptune-generated"] = skipped["adaptune"] = "no tuning database (--db)"
     if anchors:

@@ -219,12 +219,13 @@ def call(op, x, w_oihw: np.ndarray, bias: np.ndarray, residual, digest: int, add
     th, tw = tiles(h, w)
     groups = ALPHA * ALPHA
     tag = f"{h}x{w}x{ci}"
+    v_type = relax.TensorType((th * tw, groups, ci) if generated else (1, th, tw, groups * ci), "float32")
     v = relax.call_tir(add_func(f"winograd_input_{tag}{'_gen' if generated else ''}", input_transform(h, w, ci, generated)),
-                       [x], relax.TensorType((th * tw, groups, ci) if generated else (1, th, tw, groups * ci), "float32"))
+                       [x], v_type)
     u = weight_transform(w_oihw)
     if generated:
-        m = relax.call_tir(add_func(gemm_name(op), gemm(th * tw, ci, co)), [v, relax.const(u.reshape(groups, co, ci))],
-                           relax.TensorType((groups, th * tw, co), "float32"))
+        m = relax.call_tir(add_func(gemm_name(op), gemm(th * tw, ci, co)),
+                           [v, relax.const(u.reshape(groups, co, ci))], relax.TensorType((groups, th * tw, co), "float32"))
     else:
         m = relax.call_pure_packed(
             CONV, v, relax.const(u), relax.const(np.zeros(groups * co, "float32")),
