@@ -1,12 +1,16 @@
 """The expert x86 design space (search/expert.py): which kernels it covers, that every design space
 decodes, builds and computes the right result, and that it fits the register file."""
+import re
+
 import numpy as np
 import pytest
 
 from adaptune.cli.ops import check_numerics
 from adaptune.measure.target import parse_target
 from adaptune.model.workloads import get_workload
-from adaptune.search.expert import covers, register_blocks, vector_blocks, vector_isa
+from adaptune._tvm import s_tir
+from adaptune.search.expert import (_reduction_block, covers, register_blocks, vector_blocks, vector_isa,
+                                     weights_stationary)
 from adaptune.search.knobs import space_generator
 from adaptune.search.space import KnobSpace
 
@@ -16,6 +20,8 @@ COVERED = [
     "conv2d_nhwc:1,24,10,10,40,1,1,1,0",      # 1x1, a vector block that is not a power of two
     "conv2d_nhwc:1,8,11,11,16,1,1,2,0",       # 1x1 stride 2
     "depthwise_nhwc:1,24,15,15,3,2,1",        # depthwise stride 2
+    "conv2d_nhwc:1,64,4,6,48,3,3,1,1",        # weights outweigh the input: channel blocks outermost
+    "conv2d_nhwc:1,96,3,3,64,1,1,1,0",        # the same, 1x1
     "linear:6,48,40",                         # a model's dense layer (packed weight)
 ]
 NOT_COVERED = [
@@ -38,6 +44,24 @@ def test_every_expert_design_space_builds_and_computes_the_right_result(spec, ta
             assert sch is not None, why
             ok, err = check_numerics(wl, sch, target)
             assert ok, f"{spec}, design space {s}: max rel. error {err:.2e}"
+
+
+@pytest.mark.parametrize("spec,stationary", [("conv2d_nhwc:1,64,4,6,48,3,3,1,1", True),
+                                             ("conv2d_nhwc:1,96,3,3,64,1,1,1,0", True),
+                                             ("conv2d_nhwc:1,16,14,14,16,3,3,1,1", False),
+                                             ("depthwise_nhwc:1,24,15,15,3,2,1", False),
+                                             ("linear:6,48,400", False)])
+def test_the_outer_tile_order_follows_the_operand_sizes(spec, stationary, target):
+    """Weights-stationary (channel blocks outermost) exactly for convolutions whose weights are the
+    larger operand; the fused parallel loop then starts with the channel blocks."""
+    sch = s_tir.Schedule(get_workload(spec).mod())
+    assert weights_stationary(sch, _reduction_block(sch)) == stationary
+    space = KnobSpace(get_workload(spec).mod(), target, seed=1, spaces="expert")
+    sch, why, _ = space.decode_many(space.random(1, np.random.default_rng(0)))[0]
+    assert sch is not None, why
+    if not spec.startswith("linear"):                # conv loops: ff (channels), nn, yy, xx
+        fused = re.findall(r"for (\w+) in T.parallel", str(sch.mod["main"]))[-1]
+        assert fused.startswith("ff_0") == stationary, fused
 
 
 @pytest.mark.parametrize("spec", NOT_COVERED)

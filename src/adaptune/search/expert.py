@@ -9,7 +9,7 @@ sane kernel.  This is such a template, written as a MetaSchedule ``ScheduleFn`` 
 The kernel (for ``out[n, h, w, co] += in[n, h*s + kh, w*s + kw, ci] * wt[co, kh, kw, ci]``, the
 same with ``ci`` of extent 1 for depthwise, and ``out[.., i, j] += a[.., i, k] * b[.., j, k]``):
 
-    parallel for n, h, w_o, co_o            (fused)
+    parallel for n, h, w_o, co_o            (fused; co_o first where the weights outweigh the input)
       for ci_o, kh, kw, ci_i                 (ci split: knob; kh, kw unrolled by the unroll knob)
         for w_i                              (register block over output width: knob, unrolled)
           vectorised for co_v                (output-channel vector block: one design space each)
@@ -22,9 +22,17 @@ it (32 zmm with AVX-512, 16 ymm with AVX2), so no point of the space spills.  Th
 packed to the loop order by MetaSchedule's ``RewriteLayout`` (buffers marked layout-free, as
 Relax marks model weights).  The expert and the generic spaces can be one task's spaces together
 (``space="both"``): the design-space knob chooses.
+
+The order of the outer tiles follows the operands' sizes, not a knob: in a model the weights come
+from DRAM (a ResNet's do not fit in L3) while the input was just written, so a convolution whose
+weights are larger than its input walks the output-channel blocks outermost and streams each weight
+block once (weights-stationary).  Hot-cache timing, which tuning measures, cannot tell the two
+orders apart; in ResNet-50 with its weights cold the rule saves 0.03-0.13 ms per late layer
+(docs/decisions.md, session 54).
 """
 from __future__ import annotations
 
+import math
 import platform
 from functools import partial
 
@@ -68,6 +76,17 @@ def _reduction_block(sch):
     return None
 
 
+def weights_stationary(sch, block) -> bool:
+    """Whether a convolution's weights hold more elements than its (padded) input, so the template
+    runs the output-channel blocks outermost (module doc).  Never for a matmul: Winograd's batched
+    GEMMs measured slower that way even with their weights cold."""
+    if sch.get(block).name_hint not in CONV_BLOCKS:
+        return False
+    size = lambda r: math.prod(int(d) for d in r.source.shape)     # noqa: E731
+    data, weight = sch.get(block).reads[:2]
+    return size(weight) > size(data)
+
+
 def _is_padding(sch, block) -> bool:
     """Whether a producer block pads (writes zeros outside the input): else it is a plain copy."""
     return "if_then_else" in str(sch.get(block).body)
@@ -103,6 +122,7 @@ def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_
     block = _reduction_block(sch)
     if block is None:
         raise ValueError("no NHWC convolution or matmul block")
+    stationary = weights_stationary(sch, block)
     for producer in sch.get_producers(block):
         if _is_padding(sch, producer) and not inline_pad:
             loops = sch.get_loops(producer)
@@ -138,10 +158,11 @@ def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_
     col_o, col_v = sch.split(col, [None, vec])
     red_split = sch.sample_perfect_tile(red[-1], n=2, max_innermost_factor=64)
     red_o, red_i = sch.split(red[-1], red_split)
-    sch.reorder(*outer, reg_o, col_o, red_o, *red[:-1], red_i, reg_i, col_v)
-    sch.reverse_compute_at(last, col_o, preserve_unit_loops=True)
+    tiles = [col_o, *outer, reg_o] if stationary else [*outer, reg_o, col_o]
+    sch.reorder(*tiles, red_o, *red[:-1], red_i, reg_i, col_v)
+    sch.reverse_compute_at(last, tiles[-1], preserve_unit_loops=True)
     sch.vectorize(sch.get_loops(last)[-1])
-    sch.parallel(sch.fuse(*outer, reg_o, col_o))
+    sch.parallel(sch.fuse(*tiles))
     sch.unroll(reg_i)
     sch.vectorize(col_v)
     init = sch.decompose_reduction(block, red_o)
