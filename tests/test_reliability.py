@@ -67,6 +67,21 @@ def test_the_check_runs_the_measured_binary(target, linked):
     assert checker.check(faults.wrong_kernel(DENSE.mod()))[0] is False      # no file: compiled here
 
 
+def test_a_private_prim_func_is_checked_not_taken_for_wrong(target):
+    """A PrimFunc without a ``global_symbol`` (``te.create_prim_func(...).without_attr(...)``, as
+    Winograd's GEMM is built) tunes like any other: before, its reference and every check failed to
+    compile and all 48 trials of a GEMM were recorded as wrong results."""
+    import tvm
+    from adaptune.measure.verify import KernelChecker
+    from adaptune.model.winograd import gemm
+    mod = tvm.IRModule({"main": gemm(4, 16, 32)})
+    assert mod["main"].attrs.get("global_symbol") is None
+    assert KernelChecker(mod, target).check(mod) == (True, "")
+    assert KernelChecker(mod, target).check(faults.wrong_kernel(mod))[0] is False
+    res = tune_tir(mod, target, trials=4, seed=0)
+    assert res.best_latency is not None and not res.failures, res.failures
+
+
 def test_non_finite_outputs_must_match_exactly():
     """A NaN where the reference is finite (or the other way round) is a wrong kernel; the same
     infinities (an attention mask times float32's minimum overflows on random inputs) are not."""

@@ -40,6 +40,16 @@ def packs_arguments(mod) -> bool:
         return True
 
 
+def exported(mod) -> "tvm.IRModule":
+    """``mod`` with its main PrimFunc public.  A private one (no ``global_symbol``, as
+    ``te.create_prim_func(...).without_attr("global_symbol")`` gives) compiles to nothing callable:
+    ``tvm.compile`` fails and every candidate would be taken for a wrong result."""
+    func = mod["main"]
+    if func.attrs is not None and func.attrs.get("global_symbol") is not None:
+        return mod
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
 class KernelChecker:
     def __init__(self, mod, target, *, seed: int = 0, rtol: float = TOLERANCE):
         self.mod, self.target, self.rtol = mod, target, rtol
@@ -58,7 +68,7 @@ class KernelChecker:
     def _run(self, mod, artifact: str | None = None, target=None) -> list[np.ndarray]:
         target = target or self.target
         dev = device(target)
-        ex = tvm.runtime.load_module(artifact) if artifact else tvm.compile(mod, target=target)
+        ex = tvm.runtime.load_module(artifact) if artifact else tvm.compile(exported(mod), target=target)
         bufs = [tvm.runtime.tensor(a.copy(), dev) for a in self.args]
         ex["main"](*bufs)
         return [b.numpy() for b in bufs]
