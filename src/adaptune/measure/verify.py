@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._tvm import ms, s_tir, tvm
+from ..search.knobs import as_module
 from .target import device, reference_target
 
 TOLERANCE = 1e-3       # the largest error, relative to the output's scale, a check lets pass
@@ -40,16 +41,6 @@ def packs_arguments(mod) -> bool:
         return True
 
 
-def exported(mod) -> "tvm.IRModule":
-    """``mod`` with its main PrimFunc public.  A private one (no ``global_symbol``, as
-    ``te.create_prim_func(...).without_attr("global_symbol")`` gives) compiles to nothing callable:
-    ``tvm.compile`` fails and every candidate would be taken for a wrong result."""
-    func = mod["main"]
-    if func.attrs is not None and func.attrs.get("global_symbol") is not None:
-        return mod
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-
-
 class KernelChecker:
     def __init__(self, mod, target, *, seed: int = 0, rtol: float = TOLERANCE):
         self.mod, self.target, self.rtol = mod, target, rtol
@@ -68,7 +59,8 @@ class KernelChecker:
     def _run(self, mod, artifact: str | None = None, target=None) -> list[np.ndarray]:
         target = target or self.target
         dev = device(target)
-        ex = tvm.runtime.load_module(artifact) if artifact else tvm.compile(exported(mod), target=target)
+        # as_module: a private PrimFunc (no global_symbol) made public, or it compiles to nothing callable
+        ex = tvm.runtime.load_module(artifact) if artifact else tvm.compile(as_module(mod), target=target)
         bufs = [tvm.runtime.tensor(a.copy(), dev) for a in self.args]
         ex["main"](*bufs)
         return [b.numpy() for b in bufs]
