@@ -249,7 +249,7 @@ def test_the_final_build_is_the_fastest_whole_model_even_when_the_per_chain_choi
     assert [b.name for b in best.builds] == ["generated", "library", "choice", "library, serial glue",
                                              "choice, serial glue"]
     assert best.best.name == "generated" and best.best.seconds == 1.0
-    assert [calls.count(i) for i in range(5)] == [6, 6, 2, 2, 2]      # 2 rounds, then a run-off of the two fastest
+    assert [calls.count(i) for i in range(5)] == [30, 30, 10, 10, 10]  # 5 x 2 rounds, then a run-off of the two fastest
     assert all(b.error < 1e-4 for b in best.builds)
     assert len(best.builds[1].library) == 4 and len(best.builds[2].library) == 3
     assert [(b.library, b.serial) for b in best.builds[3:]] == [(best.builds[1].library, True),
@@ -259,12 +259,21 @@ def test_the_final_build_is_the_fastest_whole_model_even_when_the_per_chain_choi
 def test_the_generated_build_stays_in_the_run_off_when_a_slow_phase_hid_it(block, target, empty_db, monkeypatch):
     """The machine was slow while the generated build ran in the first race (third of five): it
     still runs in the run-off, is the fastest there, and is kept (timings injected)."""
-    # generated (build 0): 9.0 in the first race's two rounds, then 1.0
-    calls = _inject_build_times(block, monkeypatch, lambda i, n: (9.0 if n <= 2 else 1.0) if i == 0
+    # generated (build 0): 9.0 in the first race's ten rounds, then 1.0
+    calls = _inject_build_times(block, monkeypatch, lambda i, n: (9.0 if n <= 10 else 1.0) if i == 0
                                 else [None, 3.0, 2.0, 6.0, 7.0][i])
     best = C.build_best(block, C.open_database(empty_db), target, rounds=2)
-    assert [calls.count(i) for i in range(5)] == [6, 6, 6, 2, 2]      # the two fastest and the generated one
+    assert [calls.count(i) for i in range(5)] == [30, 30, 30, 10, 10]  # the two fastest and the generated one
     assert best.best.name == "generated" and best.best.seconds == 1.0
+
+
+def test_builds_timed_in_different_phases_compare_by_their_paired_ratios():
+    """The machine was 3x slower during the first race's ten rounds: the library build, timed only
+    there, is 0.9x the generated build in every pair and is faster, though its own median (2.7)
+    is far above the generated build's (1.0, most of its rounds in the run-off)."""
+    from adaptune.model.timing import paired_seconds
+    s = paired_seconds({"generated": [3.0] * 10 + [1.0] * 20, "library": [2.7] * 10}, "generated")
+    assert s == pytest.approx({"generated": 1.0, "library": 0.9})
 
 
 class DenseNorm(torch.nn.Module):

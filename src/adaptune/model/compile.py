@@ -16,7 +16,7 @@ from .._tvm import ms
 from .graph import apply_database, fuse, gpu_default_schedule, optimise
 from ..measure.verify import TOLERANCE, relative_error
 from ..measure.target import is_cuda, parse_target
-from .timing import device_exclusive, time_vm, virtual_machine, vm_device  # noqa: F401  (vm_device: part of this API)
+from .timing import device_exclusive, paired_seconds, time_vm, virtual_machine, vm_device  # noqa: F401  (vm_device: part of this API)
 
 import tvm
 
@@ -39,6 +39,9 @@ def build_untuned(model, target=None):
     target = parse_target(target)
     return tvm.compile(gpu_default_schedule(fuse(optimise(model.mod), target), target), target=target)
 
+
+RACE_SAMPLE_MS = 100   # one sample of a build in ``build_best``'s race: a round of six builds stays under a
+RACE_INTERLEAVE = 5    # second, well inside this VM's quick and slow phases, with 5x the rounds asked for
 
 GLUE_FLOPS = 4e6       # a kernel below this many FLOPs is glue: serial in a ``serial_glue`` build
 
@@ -140,9 +143,9 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     """Build the model all generated (with Winograd's generated GEMMs where ``library.plan`` timed them
     faster than the direct kernel, and without), with every chain oneDNN can run on oneDNN, and with
     the per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check
-    each against the reference; time them alternating, ``rounds`` times, then the two fastest and the
-    generated build ``2 * rounds`` times more; keep the fastest (the final model is never slower
-    than either extreme).
+    each against the reference; time them alternating, ``RACE_INTERLEAVE * rounds`` rounds of one short
+    sample each, then the two fastest and the generated build twice as many rounds more; keep the
+    fastest by ``paired_seconds`` (the final model is never slower than either extreme).
     ``library_times``: the chains' library timings this run has measured already (``tune_model``'s),
     reused."""
     from .library import chosen, eligible, generated_choice, plan
@@ -174,24 +177,26 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
             print(f"adaptune: warning: the {name} build fails ({' '.join(str(e).split())[:160]}); left out",
                   file=sys.stderr)
     times = {b.name: [] for b in builds}
+    generated = builds[0]
 
     def race(contenders, n):
-        for r in range(n):      # back to back, in reverse order every other round
+        for r in range(n):      # one short sample each, back to back, in reverse order every other round
             for b in (contenders if r % 2 == 0 else contenders[::-1]):
-                times[b.name].append(time_vm(b.executable, inputs, repeat=5, min_repeat_ms=100))
+                times[b.name].append(time_vm(b.executable, inputs, repeat=1, min_repeat_ms=RACE_SAMPLE_MS))
+        seconds = paired_seconds(times, generated.name)
         for b in contenders:
-            b.seconds = float(np.median(times[b.name]))
+            b.seconds = seconds[b.name]
 
     with device_exclusive():
-        race(builds, rounds)
+        race(builds, RACE_INTERLEAVE * rounds)
         # A run-off between the two fastest and the all-generated build, twice as many rounds: on a
         # noisy machine a few rounds do not separate builds 10-20% apart, and the generated build,
         # which calls nothing beside TVM, stays in it (docs/decisions.md, 2026-11-27 night, 2026-11-28).
         if len(builds) > 1:
             final = sorted(builds, key=lambda b: b.seconds)[:2]
-            if not any(b is builds[0] for b in final):
-                final.append(builds[0])     # the generated build
-            race(final, 2 * rounds)
+            if generated not in final:
+                final.append(generated)
+            race(final, 2 * RACE_INTERLEAVE * rounds)
     return BestBuild(min(builds, key=lambda b: b.seconds), builds, choices)
 
 
