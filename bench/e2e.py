@@ -3,8 +3,8 @@
 Per model: tune with adaptune (its trial budget, optionally MetaSchedule's evolutionary search at
 the same budget), then ``adaptune.model.evaluate``: TVM untuned, adaptune all generated, adaptune final
 (per-chain oneDNN choice kept only if the whole model got faster), PyTorch eager, torch.compile
-(Inductor, freezing) and ONNX Runtime, every output checked first, the contenders timed
-alternately; median and min of the rounds.  Targets (the e2e issue): adaptune <= 0.8x ONNX
+(Inductor, freezing) and ONNX Runtime, every output checked first, the contenders timed in short
+interleaved samples; median and min of the samples.  Targets (the e2e issue): adaptune <= 0.8x ONNX
 Runtime and <= 1.0x torch.compile, never slower than eager.
 
     python bench/e2e.py                                   # resnet18 resnet50 mobilenetv2, 200 trials each
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--strategy", default="chameleon")
     ap.add_argument("--spaces", default="auto", choices=["auto", "expert", "generic", "both"],
                     help="design spaces (default auto: the expert x86 template where it covers the kernel)")
-    ap.add_argument("--rounds", type=positive_int, default=7, help="timing rounds, contenders alternated")
+    ap.add_argument("--rounds", type=positive_int, default=7, help="timing rounds of five interleaved samples per contender")
     ap.add_argument("--ms", action="store_true", help="also tune with MetaSchedule's evolutionary search")
     ap.add_argument("--ms-batch", type=int, default=16)
     ap.add_argument("--reuse", action="store_true", help="reuse a finished work dir in --out instead of tuning")

@@ -290,7 +290,7 @@ def cmd_bench(args) -> int:
                 print(f"adaptune: warning: the per-chain choice is not saved to {args.db}: {e}", file=sys.stderr)
     base = ev.row("pytorch-eager") or ev.rows[0]
     table = Table(title=f"{model.name}, input {' '.join(str(list(s)) for _, s, _ in model.inputs)}: "
-                        f"latency over {args.rounds} alternating rounds (outputs checked first)")
+                        f"latency over {args.rounds} rounds of interleaved samples (outputs checked first)")
     for col in ("runtime", "median", "min", f"vs {base.runtime}", "max error", "note"):
         table.add_column(col, justify="left" if col in ("runtime", "note") else "right")
     for r in ev.rows:

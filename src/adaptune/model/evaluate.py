@@ -5,8 +5,8 @@ The rows (``RUNTIMES``): TVM untuned, adaptune with every kernel generated, adap
 PyTorch eager, ``torch.compile`` (Inductor with ``freezing``: oneDNN fused convolutions with
 pre-packed weights, its default mode) and ONNX Runtime (all graph optimisations, intra-op threads
 = cores).  Every output is checked against the model's reference before anything is timed; the
-contenders are then timed alternately, ``rounds`` times, and each row reports the median and min
-of its rounds.  A runtime that cannot run the model is left out with the reason.
+contenders are then timed in short interleaved samples (``rounds`` rounds of five each), and each row
+reports the median and min of its samples.  A runtime that cannot run the model is left out with the reason.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ RUNTIMES = ("tvm-untuned", "adaptune-generated", "adaptune", "pytorch-eager", "t
 @dataclass
 class Row:
     runtime: str
-    latency_ms: float                   # median of the rounds
+    latency_ms: float                   # median of the samples
     min_ms: float
     max_error: float | None
     note: str = ""
@@ -175,15 +175,22 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
     return Evaluation(model.name, rows, skipped, best)
 
 
+SAMPLES_PER_ROUND = 5  # one 0.2 s sample of each contender at a time, order reversed each time: six
+                       # contenders take about a second, inside the quick and slow phases of a noisy VM
+
+
 def _time_alternately(contenders, samples, rounds, stage) -> None:
-    """Each contender once per round, ``rounds`` times; the untuned model once if it is slow."""
+    """``rounds`` rounds of ``SAMPLES_PER_ROUND`` short samples of each contender, interleaved; the
+    untuned model once if it is slow."""
+    names = list(contenders)
     for r in range(rounds):
         stage(f"timing, round {r + 1} of {rounds}")
-        for name, (fn, _, _) in contenders.items():
-            if name == "tvm-untuned" and r > 0 and samples[name][0] > 0.5:
-                continue                    # a slow untuned model is timed once (it is the baseline only)
-            cap = UNTUNED_CAP_S if name == "tvm-untuned" else None
-            samples[name].append(time_callable(fn, repeat=5 if r else 3, cap_s=cap))
+        for k in range(SAMPLES_PER_ROUND):
+            for name in (names if k % 2 == 0 else names[::-1]):
+                if name == "tvm-untuned" and samples[name] and samples[name][0] > 0.5:
+                    continue                # a slow untuned model is timed once (it is the baseline only)
+                cap = UNTUNED_CAP_S if name == "tvm-untuned" else None
+                samples[name].append(time_callable(contenders[name][0], repeat=1, cap_s=cap))
 
 
 def thread_settings() -> dict:
