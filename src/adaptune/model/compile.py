@@ -40,8 +40,10 @@ def build_untuned(model, target=None):
     return tvm.compile(gpu_default_schedule(fuse(optimise(model.mod), target), target), target=target)
 
 
-RACE_SAMPLE_MS = 100   # one sample of a build in ``build_best``'s race: a round of six builds stays under a
-RACE_INTERLEAVE = 5    # second, well inside this VM's quick and slow phases, with 5x the rounds asked for
+# ``build_best``'s race: one short sample per build per round, so a round of six builds stays under a
+# second (inside a noisy machine's quick and slow phases), and 5x the rounds asked for.
+RACE_SAMPLE_MS = 100
+RACE_INTERLEAVE = 5
 
 GLUE_FLOPS = 4e6       # a kernel below this many FLOPs is glue: serial in a ``serial_glue`` build
 
@@ -145,7 +147,8 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     the per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check
     each against the reference; time them alternating, ``RACE_INTERLEAVE * rounds`` rounds of one short
     sample each, then the two fastest and the generated build twice as many rounds more; keep the
-    fastest by ``paired_seconds`` (the final model is never slower than either extreme).
+    fastest by ``paired_seconds`` (so the final model is no slower than either extreme, up to what a
+    machine whose slow phases reorder the builds leaves: about 2% on a noisy VM, decisions.md).
     ``library_times``: the chains' library timings this run has measured already (``tune_model``'s),
     reused."""
     from .library import chosen, eligible, generated_choice, plan

@@ -71,7 +71,8 @@ def paired_seconds(samples: dict[str, list[float]], reference: str) -> dict[str,
     and the reference runs in every round).  A machine that slows down for seconds slows both sides
     of a pair, so the ratios hold where each contender's own median would not."""
     ref = samples[reference]
-    return {name: float(np.median(ref)) * float(np.median([a / b for a, b in zip(own, ref)]))
+    base = float(np.median(ref))
+    return {name: base * float(np.median([a / b for a, b in zip(own, ref)]))
             for name, own in samples.items() if own}
 
 
