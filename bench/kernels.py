@@ -2,10 +2,11 @@
 
 Per layer: tune with Chameleon (rl+as) in MetaSchedule's generic design spaces and in the expert
 x86 template (``search/expert.py``), 64 trials and then on to 256 in the same work dir; check each
-best kernel against numpy; then time, alternately for ``--rounds`` rounds and with the same timer
-(``timing.time_callable``), the best kernels at 64 and at 256 trials beside oneDNN's fused call on
-the same shape (pre-packed weights, NHWC activations, as the model's library path calls it; its
-output checked against numpy too).  The machine's peak is an FMA loop measured in the same run.
+best kernel against numpy; then time the best kernels at 64 and at 256 trials beside oneDNN's fused
+call on the same shape (pre-packed weights, NHWC activations, as the model's library path calls it;
+its output checked against numpy too) in short samples, alternated, with the same timer
+(``timing.time_callable``), each kernel's time paired with oneDNN's sample of the same turn.  The
+machine's peak is an FMA loop measured in the same run.
 
 Layers: Chameleon's L1-L8, the distinct convolutions of ResNet-18 and ResNet-50 (NHWC, OHWI
 weights packed once), BERT-base's three dense shapes (128 tokens).  Issue 33's targets: the expert
@@ -38,7 +39,7 @@ from adaptune.measure.run import Measurer  # noqa: E402
 from adaptune.measure.target import parse_target  # noqa: E402
 from adaptune.measure.verify import TOLERANCE, relative_error  # noqa: E402
 from adaptune.model.library.op import workload_call  # noqa: E402
-from adaptune.model.timing import time_callable  # noqa: E402
+from adaptune.model.timing import paired_seconds, time_callable  # noqa: E402
 from adaptune.model.workloads import NAMED, Workload, get_workload  # noqa: E402
 from adaptune.search.expert import vector_isa  # noqa: E402
 from adaptune.tuner import tune_tir  # noqa: E402
@@ -124,6 +125,24 @@ def kernel_call(wl: Workload, sch, target):
     return lambda: f(*args)
 
 
+#: short samples per round and contender: this VM's slow phases last seconds (docs/decisions.md)
+SAMPLES_PER_ROUND, SAMPLE_MS = 5, 100
+
+
+def alternated_seconds(calls: dict, samples: int) -> dict:
+    """Seconds per call of each contender: ``samples`` short samples each, back to back, the order
+    reversed every time; with oneDNN among them, each is oneDNN's median times the median of its
+    paired ratios to oneDNN's sample of the same turn (``timing.paired_seconds``), so a slow phase
+    that hits a few turns slows both sides of their pairs; else each contender's own median."""
+    times: dict = {k: [] for k in calls}
+    for r in range(samples):
+        for k in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
+            times[k].append(time_callable(calls[k], repeat=1, min_repeat_ms=SAMPLE_MS))
+    if "onednn" in times:
+        return paired_seconds(times, "onednn")
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", nargs="+", default=list(GROUPS), help="groups (paper resnet18 resnet50 bert) "
@@ -131,7 +150,8 @@ def main() -> int:
     ap.add_argument("--spaces", nargs="+", default=["generic", "expert"], choices=["generic", "expert", "both"])
     ap.add_argument("--trials", nargs=2, type=positive_int, default=[64, 256], metavar=("FIRST", "TOTAL"),
                     help="report the best kernel after FIRST and after TOTAL trials (default 64 256)")
-    ap.add_argument("--rounds", type=positive_int, default=3, help="timing rounds, contenders alternated")
+    ap.add_argument("--rounds", type=positive_int, default=3,
+                    help=f"timing rounds of {SAMPLES_PER_ROUND} alternated {SAMPLE_MS} ms samples per contender")
     ap.add_argument("--strategy", default="chameleon")
     ap.add_argument("--out", default="bench/out/kernels")
     ap.add_argument("--target", default=None)
@@ -163,11 +183,7 @@ def main() -> int:
             onednn, errors["onednn"] = workload_call(wl)
             if errors["onednn"] <= TOLERANCE:
                 calls["onednn"] = onednn
-            times: dict = {k: [] for k in calls}
-            for _ in range(args.rounds):
-                for k, call in calls.items():
-                    times[k].append(time_callable(call, repeat=5, min_repeat_ms=100))
-            gflops = {k: wl.flops / statistics.median(v) / 1e9 for k, v in times.items()}
+            gflops = {k: wl.flops / s / 1e9 for k, s in alternated_seconds(calls, SAMPLES_PER_ROUND * args.rounds).items()}
             rows.append({"layer": label, "workload": wl.label, "mflop": wl.flops / 1e6,
                          "gflops": {("/".join(map(str, k)) if isinstance(k, tuple) else k): v for k, v in gflops.items()},
                          "errors": {("/".join(map(str, k)) if isinstance(k, tuple) else k): v for k, v in errors.items()}})
@@ -175,7 +191,8 @@ def main() -> int:
     finally:
         measurer.close()
     cols = [f"{s}/{t}" for s in args.spaces for t in (first, total)]
-    print(f"\nGFLOPS (median of {args.rounds} alternated rounds; peak {peak:.0f}); x = / oneDNN\n")
+    print(f"\nGFLOPS ({SAMPLES_PER_ROUND * args.rounds} alternated samples each, paired with oneDNN's; "
+          f"peak {peak:.0f}); x = / oneDNN\n")
     head = f"{'layer':34s} {'MFLOP':>8s} {'oneDNN':>8s} " + " ".join(f"{c:>16s}" for c in cols)
     print(head)
     for r in rows:

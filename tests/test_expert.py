@@ -184,3 +184,29 @@ def test_a_weight_packed_to_its_own_shape_is_not_taken_for_a_wrong_result(target
     assert sch is not None and packs_arguments(sch.mod), why
     res = tune_tir(mod, target, trials=16, seed=0)
     assert res.best_latency is not None and "wrong" not in res.failures, res.failures
+
+
+def test_the_kernels_benchmark_pairs_each_kernel_with_onednn(monkeypatch):
+    """A slow phase that covers one more of one contender's samples than of the other's decides by own
+    medians (here 1.65x for a kernel 10% slower than oneDNN); paired with oneDNN's sample of the
+    same round, the kernel stays 1.1x."""
+    import statistics
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    import kernels
+
+    turns, own = [], {"ours": [], "onednn": []}
+
+    def fake_timer(call, repeat, min_repeat_ms):
+        turns.append(call())
+        seconds = (3.0 if len(turns) <= 21 else 1.0) * {"onednn": 1.0, "ours": 1.1}[turns[-1]]   # slow, then quick
+        own[turns[-1]].append(seconds)
+        return seconds
+
+    monkeypatch.setattr(kernels, "time_callable", fake_timer)
+    seconds = kernels.alternated_seconds({"ours": lambda: "ours", "onednn": lambda: "onednn"}, 20)
+    assert turns[:4] == ["ours", "onednn", "onednn", "ours"] and len(turns) == 40   # order reversed each round
+    assert statistics.median(own["ours"]) / statistics.median(own["onednn"]) == pytest.approx(1.65)
+    assert seconds["ours"] / seconds["onednn"] == pytest.approx(1.1)
