@@ -5,7 +5,7 @@ x86 template (``search/expert.py``), 64 trials and then on to 256 in the same wo
 best kernel against numpy; then time the best kernels at 64 and at 256 trials beside oneDNN's fused
 call on the same shape (pre-packed weights, NHWC activations, as the model's library path calls it;
 its output checked against numpy too) in short samples, alternated, with the same timer
-(``timing.time_callable``), each kernel's time paired with oneDNN's sample of the same turn.  The
+(``timing.time_callable``), each kernel's time paired with oneDNN's sample of the same round.  The
 machine's peak is an FMA loop measured in the same run.
 
 Layers: Chameleon's L1-L8, the distinct convolutions of ResNet-18 and ResNet-50 (NHWC, OHWI
@@ -131,9 +131,9 @@ SAMPLES_PER_ROUND, SAMPLE_MS = 5, 100
 
 def alternated_seconds(calls: dict, samples: int) -> dict:
     """Seconds per call of each contender: ``samples`` short samples each, back to back, the order
-    reversed every time; with oneDNN among them, each is oneDNN's median times the median of its
-    paired ratios to oneDNN's sample of the same turn (``timing.paired_seconds``), so a slow phase
-    that hits a few turns slows both sides of their pairs; else each contender's own median."""
+    reversed every round; with oneDNN among them, each is oneDNN's median times the median of its
+    paired ratios to oneDNN's sample of the same round (``timing.paired_seconds``), so a slow phase
+    that hits a few rounds slows both sides of their pairs; else each contender's own median."""
     times: dict = {k: [] for k in calls}
     for r in range(samples):
         for k in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
