@@ -23,6 +23,7 @@ import torch
 
 from adaptune.measure import run as measure
 from adaptune.model.frontends import load_model
+from adaptune.measure.paired import sample_alternately
 from adaptune.model.timing import time_callable
 from adaptune.measure.verify import TOLERANCE, max_relative_error
 
@@ -64,10 +65,9 @@ def run(name: str, trials: int, out: Path, rounds: int) -> dict:
         finally:
             measure.Measurer.measure = original
         assert error2 < 1e-3
-        times = {"eager": [], "adaptune": []}
-        for _ in range(rounds):
-            times["eager"].append(time_callable(lambda: module(*args, **kwargs), repeat=5))
-            times["adaptune"].append(time_callable(lambda: again(*args, **kwargs), repeat=5))
+        times = sample_alternately({"eager": lambda: time_callable(lambda: module(*args, **kwargs), repeat=5),
+                                    "adaptune": lambda: time_callable(lambda: again(*args, **kwargs), repeat=5)},
+                                   rounds)
     row = {"model": name, "trials": trials, "first_compile_s": first_s, "second_compile_s": second_s,
            "max_error": max(error, error2), "eager_ms": float(np.median(times["eager"])) * 1e3,
            "adaptune_ms": float(np.median(times["adaptune"])) * 1e3}

@@ -39,7 +39,8 @@ from adaptune.measure.run import Measurer  # noqa: E402
 from adaptune.measure.target import parse_target  # noqa: E402
 from adaptune.measure.verify import TOLERANCE, relative_error  # noqa: E402
 from adaptune.model.library.op import workload_call  # noqa: E402
-from adaptune.model.timing import paired_seconds, time_callable  # noqa: E402
+from adaptune.measure.paired import paired_seconds, sample_alternately  # noqa: E402
+from adaptune.model.timing import time_callable  # noqa: E402
 from adaptune.model.workloads import NAMED, Workload, get_workload  # noqa: E402
 from adaptune.search.expert import vector_isa  # noqa: E402
 from adaptune.tuner import tune_tir  # noqa: E402
@@ -130,14 +131,12 @@ SAMPLES_PER_ROUND, SAMPLE_MS = 5, 100
 
 
 def alternated_seconds(calls: dict, samples: int) -> dict:
-    """Seconds per call of each contender: ``samples`` short samples each, back to back, the order
-    reversed every round; with oneDNN among them, each is oneDNN's median times the median of its
-    paired ratios to oneDNN's sample of the same round (``timing.paired_seconds``), so a slow phase
-    that hits a few rounds slows both sides of their pairs; else each contender's own median."""
-    times: dict = {k: [] for k in calls}
-    for r in range(samples):
-        for k in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
-            times[k].append(time_callable(calls[k], repeat=1, min_repeat_ms=SAMPLE_MS))
+    """Seconds per call of each contender: ``samples`` short samples each, alternated
+    (``paired.sample_alternately``); with oneDNN among them, each is oneDNN's median times the median
+    of its paired ratios to oneDNN's sample of the same round (``paired.paired_seconds``), so a slow
+    phase that hits a few rounds slows both sides of their pairs; else each contender's own median."""
+    times = sample_alternately({k: (lambda f=f: time_callable(f, repeat=1, min_repeat_ms=SAMPLE_MS))
+                                for k, f in calls.items()}, samples)
     if "onednn" in times:
         return paired_seconds(times, "onednn")
     return {k: statistics.median(v) for k, v in times.items()}

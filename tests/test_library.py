@@ -274,9 +274,27 @@ def test_builds_timed_in_different_phases_compare_by_their_paired_ratios():
     """The machine was 3x slower during the first race's ten rounds: the library build, timed only
     there, is 0.9x the generated build in every pair and is faster, though its own median (2.7)
     is far above the generated build's (1.0, most of its rounds in the run-off)."""
-    from adaptune.model.timing import paired_seconds
+    from adaptune.measure.paired import paired_seconds
     s = paired_seconds({"generated": [3.0] * 10 + [1.0] * 20, "library": [2.7] * 10}, "generated")
     assert s == pytest.approx({"generated": 1.0, "library": 0.9})
+
+
+def test_alternated_samples_reverse_the_order_every_other_round_and_skip_a_sampler_that_declines():
+    """One sample per contender per round, order reversed each round; a sampler returning None (the
+    slow untuned model after its first sample) adds nothing, and the others keep their rounds."""
+    from adaptune.measure.paired import sample_alternately
+    turns = []
+
+    def sampler(name, seconds):
+        def sample():
+            turns.append(name)
+            return None if name == "untuned" and turns.count("untuned") > 1 else seconds
+        return sample
+
+    got = sample_alternately({"a": sampler("a", 1.0), "b": sampler("b", 2.0), "untuned": sampler("untuned", 9.0)},
+                             4, {"a": [0.5]})
+    assert turns[:6] == ["a", "b", "untuned", "untuned", "b", "a"]
+    assert got == {"a": [0.5, 1.0, 1.0, 1.0, 1.0], "b": [2.0] * 4, "untuned": [9.0]}
 
 
 class DenseNorm(torch.nn.Module):

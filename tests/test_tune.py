@@ -1,6 +1,7 @@
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -110,6 +111,64 @@ def test_crashing_and_hanging_candidates_do_not_stop_the_run(tmp_path, target):
     assert res.best_latency > 0
     errors = [r["error"] for r in _records(tmp_path)]
     assert errors.count("crash") == 1 and errors.count("timeout") == 1 and errors.count("ok") == 6
+
+
+def test_an_incumbent_keeps_its_crown_against_a_challenger_lucky_only_alone():
+    """The machine is 3x slower for the first rounds: the pairs still give each challenger its true
+    ratio; one 1.2x slower is recorded above the incumbent and not crowned, one 0.8x is crowned."""
+    from adaptune.measure.paired import Incumbent
+
+    clock = []
+
+    def kernel(seconds):
+        def sample():
+            clock.append(seconds)
+            return seconds * (3.0 if len(clock) <= 6 else 1.0)
+        return sample
+
+    best = Incumbent(rounds=7)
+    best.crown(kernel(1.0), 0.010)
+    assert best.challenge(kernel(1.2)) == (pytest.approx(0.012), pytest.approx(1.2))
+    assert best.latency == 0.010
+    assert best.challenge(kernel(0.8)) == (pytest.approx(0.008), pytest.approx(0.8))
+    assert best.latency == pytest.approx(0.008) and len(clock) == 28
+
+
+class _Lucky(Measurer):
+    """The first kernel measured at 1 s, every later one at 0 s alone, as the luckiest of noisy
+    single measurements would be: each is a would-be new best."""
+
+    def measure(self, mods, on_result=None):
+        def lucky(i, res):
+            if res.ok:
+                res.run_secs = [0.0 if getattr(self, "first", None) else 1.0]
+                self.first = True
+            on_result(i, res)
+        return super().measure(mods, lucky)
+
+
+@pytest.mark.slow
+def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_path, target):
+    """Every would-be best after the first is re-timed beside the incumbent (also after a resume,
+    where the incumbent is built again) and recorded at the incumbent's latency times their
+    paired ratio, not at its lucky single measurement."""
+    measurer = _Lucky(target)
+    try:
+        tune_tir(DENSE.mod(), target, strategy="random", trials=5, batch_size=5, work_dir=tmp_path, seed=4,
+                 measurer=measurer)
+        res = tune_tir(DENSE.mod(), target, strategy="random", trials=8, batch_size=3, work_dir=tmp_path, seed=4,
+                       measurer=measurer, resume=True)
+    finally:
+        measurer.close()
+    recs = [r for r in _records(tmp_path) if r["error"] == "ok"]
+    assert len(recs) >= 6 and recs[0]["message"] == "" and recs[0]["run_secs"] == [1.0]
+    best = 1.0
+    for r in recs[1:]:
+        ratio = float(re.fullmatch(r"paired with the best so far: ([\d.e+-]+)x its time \(measured alone: 0 ms\)",
+                                   r["message"]).group(1))
+        assert r["run_secs"][0] == pytest.approx(best * ratio, rel=1e-3) and r["run_secs"][0] > 0
+        best = min(best, r["run_secs"][0])
+    assert res.best_latency == pytest.approx(best, rel=1e-3)
 
 
 @pytest.mark.slow

@@ -13,8 +13,10 @@ from typing import Callable
 
 import numpy as np
 
+from ._tvm import ms
 from .measure.records import RecordStore
-from .measure.run import WRONG, Measurer, MeasureResult
+from .measure.paired import Incumbent, kernel_sampler
+from .measure.run import OK, WRONG, Measurer, MeasureResult
 from .search.space import KnobSpace
 from .search.state import TuneState
 from .search.strategies import make_strategy
@@ -47,12 +49,14 @@ class TaskTuner:
 
     Each ``step`` is one iteration: the strategy proposes, candidates are decoded, measured and
     recorded (to the work dir the moment each result is known), the cost model is refit and the
-    strategy updated."""
+    strategy updated.  A candidate measured faster than the best so far is checked (``verify``)
+    and, with ``confirm``, timed again beside the best and recorded at the paired estimate
+    (``measure.paired``: on a noisy machine the fastest single measurement is the luckiest)."""
 
     def __init__(self, mod, target, *, strategy="chameleon", seed: int = 0, store_args: dict | None = None,
                  measurer: Measurer | None = None, label: str = "", strategy_options: dict | None = None,
                  on_result: Callable[["TaskTuner"], None] | None = None, verify: bool = True,
-                 spaces: str = "auto"):
+                 spaces: str = "auto", confirm: bool = True):
         self.t0 = time.perf_counter()
         self.label = label or "main"
         self.space = KnobSpace(mod, target, seed=seed, spaces=spaces)
@@ -64,6 +68,7 @@ class TaskTuner:
         self.store = RecordStore(space=self.space, label=label, **store_args) if store_args else None
         self.on_result = on_result
         self.checker = KernelChecker(mod, self.space.target, seed=seed) if verify else None
+        self.incumbent = Incumbent() if confirm else None
         if self.checker is not None:    # one-off, so part of setup rather than of an iteration
             try:
                 self.checker.reference()
@@ -107,7 +112,7 @@ class TaskTuner:
             nonlocal bookkeeping
             t = time.perf_counter()
             config, sch = batch[i]
-            res = self._verified(sch, res)
+            res = self._confirmed(sch, self._verified(sch, res))
             if self.store is not None:
                 self.store.add(config, sch, res)
             self.state.record([config], [res.latency])     # now: the next check compares with it
@@ -135,13 +140,47 @@ class TaskTuner:
         if self.checker is None or not res.ok or (best is not None and res.latency >= best):
             return res
         try:
-            ok, why = self.checker.check(sch.mod, res.artifact)
+            ok, why = self.checker.check(sch.mod, res.artifact if res.own_args else None)
         except Exception as e:  # noqa: BLE001 - a kernel we cannot re-run is not trusted either
             ok, why = False, f"could not be re-run for checking: {type(e).__name__}: {e}"
         if ok is False:
             log.warning("%s: fast candidate rejected, wrong result (%s)", self.label, why)
             return MeasureResult(WRONG, res.run_secs, why)
         return res
+
+    def _confirmed(self, sch, res: MeasureResult) -> MeasureResult:
+        """A would-be new best timed again beside the incumbent, alternately; recorded at the
+        incumbent's latency times their paired ratio (the measurement alone is in its message)."""
+        best = self.state.best_latency
+        if self.incumbent is None or not res.ok or res.artifact is None or (best is not None and res.latency >= best):
+            return res
+        try:
+            sample = kernel_sampler(sch.mod, res.artifact, self.space.target)
+            if self.incumbent.sample is None and best is not None:
+                self._load_incumbent()
+            if self.incumbent.sample is None:
+                self.incumbent.crown(sample, res.latency)
+                return res
+            estimate, ratio = self.incumbent.challenge(sample)
+        except Exception as e:  # noqa: BLE001 - a kernel that cannot be re-timed keeps its measurement
+            log.warning("%s: a new best could not be timed beside the incumbent (%s: %s); kept as measured",
+                        self.label, type(e).__name__, e)
+            return res
+        return MeasureResult(OK, [estimate], f"paired with the best so far: {ratio:.4g}x its time "
+                                             f"(measured alone: {res.latency * 1e3:.4g} ms)")
+
+    def _load_incumbent(self) -> None:
+        """The resumed best record's kernel, built again to be timed beside a challenger."""
+        config = self.state.best(1)[0]
+        sch = self.schedules.get(tuple(int(x) for x in config)) or self.space.decode(config)[0]
+        built = self.measurer.builder.build([ms.builder.BuilderInput(sch.mod, self.space.target)])[0]
+        if built.error_msg is not None:
+            raise RuntimeError(f"the resumed best does not build again: {built.error_msg[-200:]}")
+        try:
+            self.incumbent.crown(kernel_sampler(sch.mod, built.artifact_path, self.space.target),
+                                 self.state.best_latency)
+        finally:
+            ms.utils.remove_build_dir(built.artifact_path)
 
     def close(self) -> None:
         if self.store is not None:

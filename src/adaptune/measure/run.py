@@ -36,9 +36,11 @@ class MeasureResult:
     error: str                      # OK or one of the error kinds
     run_secs: list[float] = field(default_factory=list)
     message: str = ""
-    # while on_result runs (local runs): the built kernel, if it takes the PrimFunc's own arguments
-    # (checks run it; with weights in a rewritten layout it takes others, and checks compile instead)
+    # while on_result runs (local runs): the built kernel that was timed (``paired`` times it again)
     artifact: str | None = field(default=None, compare=False, repr=False)
+    # whether it takes the PrimFunc's own arguments (checks run it; with weights in a rewritten
+    # layout it takes others, and checks compile instead)
+    own_args: bool = field(default=False, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -269,12 +271,12 @@ class Measurer:
                 continue
             try:
                 args = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)
-                reusable = self.rpc is None and not packs_arguments(mod)   # the file takes mod's own arguments
-                pending.append((i, b.artifact_path, reusable,
+                own_args = not packs_arguments(mod)                         # the file takes mod's own arguments
+                pending.append((i, b.artifact_path, own_args,
                                 ms.runner.RunnerInput(b.artifact_path, device_type(self.target), args)))
             except Exception as e:  # noqa: BLE001
                 done(i, MeasureResult(BUILD_ERROR, message=_short(str(e))))
-        for i, path, reusable, runner_input in pending:   # one at a time, so each result is saved at once
+        for i, path, own_args, runner_input in pending:   # one at a time, so each result is saved at once
             if self.rpc is not None:
                 # TVM's RPC runner waits forever for a server that is gone: stop with RPCError instead
                 self.rpc.check()
@@ -284,7 +286,8 @@ class Measurer:
                 if r.error_msg is not None:
                     res = MeasureResult(_classify(r.error_msg), message=_short(r.error_msg))
                 else:
-                    res = MeasureResult(OK, [float(x) for x in r.run_secs], artifact=path if reusable else None)
+                    res = MeasureResult(OK, [float(x) for x in r.run_secs], artifact=path if self.rpc is None else None,
+                                        own_args=own_args)
             except Exception as e:  # noqa: BLE001
                 res = MeasureResult(_classify(f"{type(e).__name__}: {e}"), message=_short(f"{type(e).__name__}: {e}"))
             done(i, res)

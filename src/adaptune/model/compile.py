@@ -16,7 +16,8 @@ from .._tvm import ms
 from .graph import apply_database, fuse, gpu_default_schedule, optimise
 from ..measure.verify import TOLERANCE, relative_error
 from ..measure.target import is_cuda, parse_target
-from .timing import device_exclusive, paired_seconds, time_vm, virtual_machine, vm_device  # noqa: F401  (vm_device: part of this API)
+from ..measure.paired import paired_seconds, sample_alternately
+from .timing import device_exclusive, time_vm, virtual_machine, vm_device  # noqa: F401  (vm_device: part of this API)
 
 import tvm
 
@@ -183,9 +184,8 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     generated = builds[0]
 
     def race(contenders, n):
-        for r in range(n):      # one short sample each, back to back, in reverse order every other round
-            for b in (contenders if r % 2 == 0 else contenders[::-1]):
-                times[b.name].append(time_vm(b.executable, inputs, repeat=1, min_repeat_ms=RACE_SAMPLE_MS))
+        sample_alternately({b.name: (lambda b=b: time_vm(b.executable, inputs, repeat=1, min_repeat_ms=RACE_SAMPLE_MS))
+                            for b in contenders}, n, times)
         seconds = paired_seconds(times, generated.name)
         for b in contenders:
             b.seconds = seconds[b.name]

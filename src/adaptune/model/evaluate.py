@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import compile as C
+from ..measure.paired import sample_alternately
 from .timing import UNTUNED_CAP_S, device_exclusive, time_callable
 from ..measure.target import is_cuda, parse_target
 from ..measure.verify import TOLERANCE, max_relative_error
@@ -180,17 +181,18 @@ SAMPLES_PER_ROUND = 5  # one 0.2 s sample of each contender at a time, order rev
 
 
 def _time_alternately(contenders, samples, rounds, stage) -> None:
-    """``rounds`` rounds of ``SAMPLES_PER_ROUND`` short samples of each contender, interleaved; the
-    untuned model once if it is slow."""
-    names = list(contenders)
+    """``rounds`` rounds of ``SAMPLES_PER_ROUND`` short samples of each contender, alternated
+    (``paired.sample_alternately``); the untuned model once if it is slow (it is the baseline only)."""
+    def sampler(name):
+        fn = contenders[name][0]
+        if name != "tvm-untuned":
+            return lambda: time_callable(fn, repeat=1)
+        return lambda: (None if samples[name] and samples[name][0] > 0.5
+                        else time_callable(fn, repeat=1, cap_s=UNTUNED_CAP_S))
+    samplers = {name: sampler(name) for name in contenders}
     for r in range(rounds):
         stage(f"timing, round {r + 1} of {rounds}")
-        for k in range(SAMPLES_PER_ROUND):
-            for name in (names if k % 2 == 0 else names[::-1]):
-                if name == "tvm-untuned" and samples[name] and samples[name][0] > 0.5:
-                    continue                # a slow untuned model is timed once (it is the baseline only)
-                cap = UNTUNED_CAP_S if name == "tvm-untuned" else None
-                samples[name].append(time_callable(contenders[name][0], repeat=1, cap_s=cap))
+        sample_alternately(samplers, SAMPLES_PER_ROUND, samples)
 
 
 def thread_settings() -> dict:

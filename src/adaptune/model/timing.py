@@ -65,17 +65,6 @@ def time_vm(executable, inputs, *, repeat: int = 10, min_repeat_ms: int = 200, c
     return float(np.median(res.results))
 
 
-def paired_seconds(samples: dict[str, list[float]], reference: str) -> dict[str, float]:
-    """Each contender's seconds: the reference's median times the median of the contender's paired
-    ratios (its sample over the reference's of the same round; ``samples[name][i]`` is round ``i``'s,
-    and the reference runs in every round).  A machine that slows down for seconds slows both sides
-    of a pair, so the ratios hold where each contender's own median would not."""
-    ref = samples[reference]
-    base = float(np.median(ref))
-    return {name: base * float(np.median([a / b for a, b in zip(own, ref)]))
-            for name, own in samples.items() if own}
-
-
 def time_callable(fn, *, repeat: int = 10, min_repeat_ms: int = 200, cap_s: float | None = None) -> float:
     """Median seconds per call of ``fn`` in the same style as TVM's evaluator (for PyTorch / ORT);
     ``cap_s`` as in ``time_vm``."""

@@ -1,0 +1,89 @@
+"""Paired timing on a noisy machine: contenders sampled alternately, compared by their paired
+ratios, and the confirmation of a new best in tuning (the answer to the winner's curse).
+
+Each candidate is timed once, for about 0.1 s; on a machine whose quick and slow phases last
+seconds, the fastest of hundreds of such records is the luckiest rather than the fastest kernel
+(docs/decisions.md, session 56: a 256-trial best that lost to the 64-trial one).  So a candidate
+measured faster than the incumbent is timed again beside it, alternately (``ROUNDS`` short samples
+each), and its latency becomes the incumbent's times the median of their paired ratios: a phase
+slows both sides of a pair alike.  It replaces the incumbent only if that estimate is lower.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import numpy as np
+
+from .._tvm import ms, tvm
+from .target import device
+from .verify import arg_shapes
+
+
+def sample_alternately(samplers: dict[str, Callable[[], float | None]], rounds: int, samples: dict | None = None) -> dict[str, list[float]]:
+    """``rounds`` rounds of one sample (seconds) from each contender's sampler, back to back, the order
+    reversed every other round, appended to ``samples[name]``: a noisy machine's quick and slow phases
+    then fall on every contender alike, and ``paired_seconds`` pairs round ``i``'s samples.  A sampler
+    that returns None takes no sample that round."""
+    samples = {} if samples is None else samples
+    names = list(samplers)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            s = samplers[name]()
+            if s is not None:
+                samples.setdefault(name, []).append(s)
+    return samples
+
+
+def paired_seconds(samples: dict[str, list[float]], reference: str) -> dict[str, float]:
+    """Each contender's seconds: the reference's median times the median of the contender's paired
+    ratios (its sample over the reference's of the same round; ``samples[name][i]`` is round ``i``'s,
+    and the reference runs in every round).  A machine that slows down for seconds slows both sides
+    of a pair, so the ratios hold where each contender's own median would not."""
+    ref = samples[reference]
+    base = float(np.median(ref))
+    return {name: base * float(np.median([a / b for a, b in zip(own, ref)]))
+            for name, own in samples.items() if own}
+
+
+ROUNDS = 7              # alternated samples of each side: ~0.3 s for a new best, a handful per task
+SAMPLE_MS = 20
+
+
+def kernel_sampler(mod, artifact: str, target, *, sample_ms: int = SAMPLE_MS):
+    """A function timing one short sample (seconds per call) of the built file ``artifact`` of the
+    scheduled ``mod``, on random arguments of the shapes the measured binary takes (weights in a
+    rewritten layout included), as MetaSchedule's runner calls it."""
+    dev = device(target)
+    lib = tvm.runtime.load_module(artifact)
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.standard_normal(s).astype(d) if "float" in d else np.zeros(s, d), dev)
+            for s, d in arg_shapes(ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True))]
+    evaluator = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=1, min_repeat_ms=sample_ms)
+
+    def sample() -> float:
+        dev.sync()
+        return float(evaluator(*args).mean)
+    return sample
+
+
+class Incumbent:
+    """The best kernel so far, loaded and ready to be timed beside a challenger."""
+
+    def __init__(self, rounds: int = ROUNDS):
+        self.rounds = rounds
+        self.sample = None          # the incumbent's sampler (None until one is known)
+        self.latency: float | None = None
+
+    def crown(self, sample, latency: float) -> None:
+        self.sample, self.latency = sample, latency
+
+    def challenge(self, sample) -> tuple[float, float]:
+        """(the challenger's estimated latency, its paired ratio to the incumbent); the challenger
+        is crowned when the estimate is below the incumbent's latency."""
+        times = sample_alternately({"incumbent": self.sample, "challenger": sample}, self.rounds)
+        ratio = statistics.median(c / i for c, i in zip(times["challenger"], times["incumbent"]))
+        estimate = self.latency * ratio
+        if estimate < self.latency:
+            self.crown(sample, estimate)
+        return estimate, ratio
