@@ -371,11 +371,11 @@ def test_cli_flag_switches_library_off_and_exported_model_loads_in_a_fresh_proce
         empty_db, tmp_path, capsys):
     demo = load_model("demo-cnn")
     off, on = tmp_path / "off.so", tmp_path / "on.so"
-    assert main(["compile", "demo-cnn", "--db", str(empty_db), "-o", str(off), "--no-library"]) == 0
+    assert main(["compile", "demo-cnn", "--db", str(empty_db), "-o", str(off), "--no-library", "--rounds", "1"]) == 0
     assert "0 chains as fused library calls" in capsys.readouterr().out
     # with no tuning records the library beats every untuned kernel, so the library build wins
     # (each chain on oneDNN's fused call or, for the 3x3 ones where it measures faster, Winograd)
-    assert main(["compile", "demo-cnn", "--db", str(empty_db), "-o", str(on)]) == 0
+    assert main(["compile", "demo-cnn", "--db", str(empty_db), "-o", str(on), "--rounds", "1"]) == 0
     said = re.search(r"(\d+) chains as fused library calls(?:, (\d+) as Winograd)?", capsys.readouterr().out)
     assert said and int(said[1]) + int(said[2] or 0) == 4
     x = demo.example_inputs(seed=5)

@@ -287,7 +287,7 @@ def test_model_cli_unsupported_operator_and_malformed_file(tmp_path, monkeypatch
 def test_compile_cli_writes_a_checked_library(tuned, tiny_onnx, tmp_path, capsys):
     _, _, wd = tuned
     out = tmp_path / "tiny.so"
-    assert main(["compile", str(tiny_onnx), "--db", str(wd), "-o", str(out)]) == 0
+    assert main(["compile", str(tiny_onnx), "--db", str(wd), "-o", str(out), "--rounds", "1"]) == 0
     assert out.stat().st_size > 0 and "numerics PASS" in capsys.readouterr().out
 
 

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(c)
     c.add_argument("--db", required=True, help="work dir of `adaptune tune`")
     c.add_argument("-o", "--output", required=True, help="library file to write (.so)")
+    c.add_argument("--rounds", type=positive_int, default=3,
+                   help="timing rounds of the race between the builds (5 alternated samples each, then a "
+                        "run-off of the fastest two and the all-generated build twice as long; default 3)")
     c.set_defaults(func=cli_models.cmd_compile)
     b = sub.add_parser("bench", help="latency of untuned TVM, adaptune, PyTorch eager, torch.compile and ONNX Runtime")
     model_args(b)

@@ -113,7 +113,7 @@ def _build_best(args, model, target, db):
     from ..measure.target import is_cuda
     from ..model.compile import build_best
     with _spinner("building and timing the tuned model (all generated, all library, per-chain choice, serial glue)"):
-        best = build_best(model, db, target, library=not args.no_library)
+        best = build_best(model, db, target, library=not args.no_library, rounds=args.rounds)
     _choice_table(best, is_cuda(target))
     return best
 

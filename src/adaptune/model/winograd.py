@@ -82,9 +82,11 @@ def _lin(terms) -> str:
     return s + "".join(f" {sign} {t}" for sign, t in parts[1:])
 
 
+@functools.lru_cache(maxsize=256)
 def _parse(src: str):
     """TVMScript -> PrimFunc.  The loop nest goes in a root block and each (tile, channel block)
-    iteration in an opaque block: Relax's layout passes expect blocks in every PrimFunc."""
+    iteration in an opaque block: Relax's layout passes expect blocks in every PrimFunc.  Cached: a
+    parse costs ~1 s and every build of a model (the build race makes several) asks for the same."""
     from tvm.script import tirx as T
     out, shift = [], 0
     for ln in src.splitlines():
