@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--db", default=None, help="work dir of `adaptune tune` (omit to time untuned TVM only)")
     b.add_argument("--json", default=None, metavar="FILE", help="write the table as JSON")
     b.add_argument("--profile", action="store_true", help="time per kernel of adaptune's model, grouped")
-    b.add_argument("--rounds", type=positive_int, default=5, help="timing rounds of five interleaved samples per contender (default 5)")
+    b.add_argument("--rounds", type=positive_int, default=5, help="timing rounds of five interleaved samples per contender (default 5; "
+                   "fewer than 3 also shorten the race between the builds)")
     b.set_defaults(func=cli_models.cmd_bench)
     r = sub.add_parser("report", help="PNG plots and an HTML page for a model work dir")
     r.add_argument("work_dir")

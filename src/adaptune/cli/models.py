@@ -278,7 +278,7 @@ def cmd_bench(args) -> int:
     try:
         with _spinner("preparing") as status:
             ev = evaluate(model, target, db, library=not args.no_library, rounds=args.rounds,
-                          on_stage=lambda text: status.update(text))
+                          race_rounds=min(3, args.rounds), on_stage=lambda text: status.update(text))
     except NumericsError as e:
         return fail(f"numerical check failed: {e}", 1)
     if ev.best is not None:

@@ -133,11 +133,11 @@ def _vm_runner(executable, inputs):
 
 
 def evaluate(model, target=None, database=None, *, library: bool = True, anchors: bool = True,
-             compile_torch: bool = True, rounds: int = 5, library_times: dict | None = None,
+             compile_torch: bool = True, rounds: int = 5, race_rounds: int = 3, library_times: dict | None = None,
              on_stage=None) -> Evaluation:
     """Build, check and time ``model``: the table of the module docstring (adaptune rows only with a
-    ``database``; PyTorch and ONNX Runtime rows only with ``anchors``).  ``library_times``: see
-    ``compile.build_best``."""
+    ``database``; PyTorch and ONNX Runtime rows only with ``anchors``).  ``race_rounds`` and
+    ``library_times``: ``rounds`` and ``library_times`` of ``compile.build_best``."""
     stage = on_stage or (lambda s: None)
     target = parse_target(target)
     inputs = model.example_inputs()
@@ -150,7 +150,8 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
     if database is not None:
         stage("building the tuned model up to six ways (generated with and without Winograd, library, "
               "per-chain choice, both with serial glue)")
-        best = C.build_best(model, database, target, library=library, inputs=inputs, library_times=library_times)
+        best = C.build_best(model, database, target, library=library, inputs=inputs, rounds=race_rounds,
+                            library_times=library_times)
         gen = best.generated
         contenders["adaptune-generated"] = (_vm_runner(gen.executable, inputs), gen.error, f"{gen.name} build")
         contenders["adaptune"] = (_vm_runner(best.best.executable, inputs), best.best.error,
