@@ -10,17 +10,17 @@ slows both sides of a pair alike.  It replaces the incumbent only if that estima
 """
 from __future__ import annotations
 
-import statistics
 from typing import Callable
 
 import numpy as np
 
 from .._tvm import ms, tvm
 from .target import device
-from .verify import arg_shapes
+from .verify import arg_shapes, random_args
 
 
-def sample_alternately(samplers: dict[str, Callable[[], float | None]], rounds: int, samples: dict | None = None) -> dict[str, list[float]]:
+def sample_alternately(samplers: dict[str, Callable[[], float | None]], rounds: int,
+                       samples: dict | None = None) -> dict[str, list[float]]:
     """``rounds`` rounds of one sample (seconds) from each contender's sampler, back to back, the order
     reversed every other round, appended to ``samples[name]``: a noisy machine's quick and slow phases
     then fall on every contender alike, and ``paired_seconds`` pairs round ``i``'s samples.  A sampler
@@ -42,8 +42,12 @@ def paired_seconds(samples: dict[str, list[float]], reference: str) -> dict[str,
     of a pair, so the ratios hold where each contender's own median would not."""
     ref = samples[reference]
     base = float(np.median(ref))
-    return {name: base * float(np.median([a / b for a, b in zip(own, ref)]))
-            for name, own in samples.items() if own}
+    return {name: base * paired_ratio(own, ref) for name, own in samples.items() if own}
+
+
+def paired_ratio(own: list[float], ref: list[float]) -> float:
+    """The median of ``own[i] / ref[i]``: how much slower ``own`` is than ``ref``, round by round."""
+    return float(np.median([a / b for a, b in zip(own, ref)]))
 
 
 ROUNDS = 7              # alternated samples of each side: ~0.3 s for a new best, a handful per task
@@ -56,9 +60,8 @@ def kernel_sampler(mod, artifact: str, target, *, sample_ms: int = SAMPLE_MS):
     rewritten layout included), as MetaSchedule's runner calls it."""
     dev = device(target)
     lib = tvm.runtime.load_module(artifact)
-    rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.standard_normal(s).astype(d) if "float" in d else np.zeros(s, d), dev)
-            for s, d in arg_shapes(ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True))]
+    args = [tvm.runtime.tensor(a, dev)
+            for a in random_args(arg_shapes(ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)))]
     evaluator = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=1, min_repeat_ms=sample_ms)
 
     def sample() -> float:
@@ -82,7 +85,7 @@ class Incumbent:
         """(the challenger's estimated latency, its paired ratio to the incumbent); the challenger
         is crowned when the estimate is below the incumbent's latency."""
         times = sample_alternately({"incumbent": self.sample, "challenger": sample}, self.rounds)
-        ratio = statistics.median(c / i for c, i in zip(times["challenger"], times["incumbent"]))
+        ratio = paired_ratio(times["challenger"], times["incumbent"])
         estimate = self.latency * ratio
         if estimate < self.latency:
             self.crown(sample, estimate)

@@ -41,13 +41,17 @@ def packs_arguments(mod) -> bool:
         return True
 
 
+def random_args(sig, seed: int = 0) -> list[np.ndarray]:
+    """Arrays for a kernel's arguments ``[(shape, dtype)]``: normal floats, small integers."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(d) if "float" in d else rng.integers(0, 4, s).astype(d) for s, d in sig]
+
+
 class KernelChecker:
     def __init__(self, mod, target, *, seed: int = 0, rtol: float = TOLERANCE):
         self.mod, self.target, self.rtol = mod, target, rtol
         self.sig = signature(mod)
-        rng = np.random.default_rng(seed)
-        self.args = [rng.standard_normal(s).astype(d) if "float" in d else rng.integers(0, 4, s).astype(d)
-                     for s, d in self.sig]
+        self.args = random_args(self.sig, seed)
         self._expected: list[np.ndarray] | None = None
 
     def reference(self) -> list[np.ndarray]:
