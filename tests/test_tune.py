@@ -147,11 +147,26 @@ class _Lucky(Measurer):
         return super().measure(mods, lucky)
 
 
+class _Falling(Measurer):
+    """Every kernel measured at half the last one's time alone: each is a would-be new best."""
+
+    def measure(self, mods, on_result=None):
+        def falling(i, res):
+            if res.ok:
+                self.last = getattr(self, "last", 1e-3) / 2
+                res.run_secs = [self.last]
+            on_result(i, res)
+        return super().measure(mods, falling)
+
+
 @pytest.mark.slow
-def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_path, target):
+def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_path, target, monkeypatch, caplog):
     """Every would-be best after the first is re-timed beside the incumbent (also after a resume,
     where the incumbent is built again) and recorded at the incumbent's latency times their
-    paired ratio, not at its lucky single measurement."""
+    paired ratio, not at its lucky single measurement.  A resumed best that cannot be built again
+    is tried once; the next best is then kept as measured and becomes the incumbent."""
+    from adaptune.tuner import TaskTuner
+
     measurer = _Lucky(target)
     try:
         tune_tir(DENSE.mod(), target, strategy="random", trials=5, batch_size=5, work_dir=tmp_path, seed=4,
@@ -169,6 +184,24 @@ def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_p
         assert r["run_secs"][0] == pytest.approx(best * ratio, rel=1e-3) and r["run_secs"][0] > 0
         best = min(best, r["run_secs"][0])
     assert res.best_latency == pytest.approx(best, rel=1e-3)
+
+    loads = []
+
+    def unbuildable(self):
+        loads.append(1)
+        raise RuntimeError("the resumed best does not build again")
+    monkeypatch.setattr(TaskTuner, "_load_incumbent", unbuildable)
+    measurer = _Falling(target)
+    try:
+        with caplog.at_level(logging.WARNING):
+            tune_tir(DENSE.mod(), target, strategy="random", trials=11, batch_size=3, work_dir=tmp_path, seed=4,
+                     measurer=measurer, resume=True)
+    finally:
+        measurer.close()
+    after = [r for r in _records(tmp_path) if r["error"] == "ok"][-3:]
+    assert loads == [1] and "the resumed best could not be timed again" in caplog.text
+    assert after[0]["run_secs"] == [5e-4] and after[0]["message"] == ""
+    assert all(r["message"].startswith("paired with the best so far") for r in after[1:])
 
 
 @pytest.mark.slow

@@ -154,10 +154,15 @@ class TaskTuner:
         best = self.state.best_latency
         if self.incumbent is None or not res.ok or res.artifact is None or (best is not None and res.latency >= best):
             return res
+        if self.incumbent.sample is None and best is not None and not self.incumbent.lost:
+            try:
+                self._load_incumbent()
+            except Exception as e:  # noqa: BLE001 - tried once: the challenger below is crowned as measured
+                log.warning("%s: the resumed best could not be timed again (%s: %s); the next best is kept as measured",
+                            self.label, type(e).__name__, e)
+                self.incumbent.lost = True
         try:
             sample = kernel_sampler(sch.mod, res.artifact, self.space.target)
-            if self.incumbent.sample is None and best is not None:
-                self._load_incumbent()
             if self.incumbent.sample is None:
                 self.incumbent.crown(sample, res.latency)
                 return res

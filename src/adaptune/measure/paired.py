@@ -77,6 +77,7 @@ class Incumbent:
         self.rounds = rounds
         self.sample = None          # the incumbent's sampler (None until one is known)
         self.latency: float | None = None
+        self.lost = False           # a resumed best that could not be loaded again (tried once)
 
     def crown(self, sample, latency: float) -> None:
         self.sample, self.latency = sample, latency
