@@ -210,3 +210,33 @@ def test_the_kernels_benchmark_pairs_each_kernel_with_onednn(monkeypatch):
     assert turns[:4] == ["ours", "onednn", "onednn", "ours"] and len(turns) == 40   # order reversed each round
     assert statistics.median(own["ours"]) / statistics.median(own["onednn"]) == pytest.approx(1.65)
     assert seconds["ours"] / seconds["onednn"] == pytest.approx(1.1)
+
+
+def test_a_1kb_accumulator_tile_stays_on_the_stack_and_computes_the_same(target):
+    """A 4 x 64 float tile (1024 bytes) is one ``TVMBackendAllocWorkspace`` call per tile in TVM's own
+    pipeline; adaptune's (``measure/pipeline.py``) leaves it to LLVM's stack, bit for bit the same."""
+    from adaptune._tvm import ms, tvm
+    from adaptune.measure.build import fast_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    wl = get_workload("conv2d_nhwc:1,16,8,8,64,3,3,1,1")
+    space = KnobSpace(wl.mod(), target, seed=1, spaces="expert")
+    config = space.random(1, np.random.default_rng(0))[0]
+    config[0] = 2                                              # vector block 64 (4 zmm per row)
+    wb = next(k for k, knob in enumerate(space.knobs) if space.active[2, k] and knob.values == [1, 2, 4])
+    config[wb] = 2                                             # 4 rows: 16 zmm, 1024 bytes
+    sch = space.decode(config)[0]
+    packed = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
+    stock, ours = tvm.build(packed, target=target), fast_build(sch.mod, target, None)
+    allocs = [len(re.findall(r"load .*@__TVMBackendAllocWorkspace", m.inspect_source("ll"))) for m in (stock, ours)]
+    assert allocs[1] < allocs[0]
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal([int(d) for d in a.shape]).astype("float32")
+              for a in ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)]
+    outs = []
+    for m in (stock, ours):
+        args = [tvm.runtime.tensor(a) for a in inputs]
+        m["main"](*args)
+        outs.append(args[-1].numpy())
+    assert np.array_equal(outs[0], outs[1]) and np.abs(outs[1]).max() > 0
+    assert check_numerics(wl, sch, target)[0]

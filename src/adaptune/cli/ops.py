@@ -12,13 +12,14 @@ def check_numerics(workload, sch, target) -> tuple[bool, float]:
     """Run the tuned kernel on random inputs and compare with the numpy reference:
     (passes, ``verify.relative_error``)."""
     from .._tvm import tvm
+    from ..measure.pipeline import compile_module
     from ..measure.target import device
     from ..measure.verify import TOLERANCE, relative_error
 
     inputs = workload.random_inputs()
     ref = workload.reference(inputs)
     dev = device(target)
-    ex = tvm.compile(sch.mod, target=target)
+    ex = compile_module(sch.mod, target)
     args = [tvm.runtime.tensor(x, dev) for x in inputs] + [tvm.runtime.empty(ref.shape, "float32", dev)]
     ex["main"](*args)
     err = relative_error(args[-1].numpy(), ref)

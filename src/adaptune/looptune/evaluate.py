@@ -70,10 +70,10 @@ class Evaluator:
 
     def seconds(self, nest: LoopNest) -> float:
         """Build, check and time ``nest`` (not cached)."""
-        from .._tvm import tvm
+        from ..measure.pipeline import compile_module
         from ..measure.verify import TOLERANCE, relative_error
         try:
-            ex = tvm.compile(nest.schedule(self.target).mod, self.target)
+            ex = compile_module(nest.schedule(self.target).mod, self.target)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the search goes on
             raise NestError(f"nest did not build: {str(e).splitlines()[-1][:200]}") from e
         fn = ex["main"]

@@ -11,7 +11,9 @@ def fast_build(mod, target, _params):
     import tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    return tvm.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    from .pipeline import NAME      # registers adaptune's TIR pipeline in this worker
+
+    return tvm.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target, pipeline=NAME)
 
 
 def build_export(mod, target, linked: bool = False) -> str:

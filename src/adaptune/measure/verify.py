@@ -14,6 +14,7 @@ import numpy as np
 
 from .._tvm import ms, s_tir, tvm
 from ..search.knobs import as_module
+from .pipeline import compile_module
 from .target import device, reference_target
 
 TOLERANCE = 1e-3       # the largest error, relative to the output's scale, a check lets pass
@@ -64,7 +65,7 @@ class KernelChecker:
         target = target or self.target
         dev = device(target)
         # as_module: a private PrimFunc (no global_symbol) made public, or it compiles to nothing callable
-        ex = tvm.runtime.load_module(artifact) if artifact else tvm.compile(as_module(mod), target=target)
+        ex = tvm.runtime.load_module(artifact) if artifact else compile_module(as_module(mod), target)
         bufs = [tvm.runtime.tensor(a.copy(), dev) for a in self.args]
         ex["main"](*bufs)
         return [b.numpy() for b in bufs]

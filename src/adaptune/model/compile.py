@@ -15,6 +15,7 @@ import numpy as np
 from .._tvm import ms
 from .graph import apply_database, fuse, gpu_default_schedule, optimise
 from ..measure.verify import TOLERANCE, relative_error
+from ..measure.pipeline import compile_module
 from ..measure.target import is_cuda, parse_target
 from ..measure.paired import paired_seconds, sample_alternately
 from .timing import device_exclusive, time_vm, virtual_machine, vm_device  # noqa: F401  (vm_device: part of this API)
@@ -99,7 +100,7 @@ def lower_tuned(model, database, target, library=None, serial=False) -> "tvm.IRM
 def build_tuned(model, database, target=None, library=None, serial=False):
     """``lower_tuned``, built."""
     target = parse_target(target)
-    return tvm.compile(lower_tuned(model, database, target, library, serial), target=target)
+    return compile_module(lower_tuned(model, database, target, library, serial), target)
 
 
 @dataclass

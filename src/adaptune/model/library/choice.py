@@ -9,6 +9,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from ...measure.pipeline import compile_module
 from ...measure.target import device, is_cuda
 from ..timing import device_exclusive
 from .lowering import chain_modules, offload
@@ -85,7 +86,7 @@ def _time_winograd(op: LibraryOp, chain_mod, target, database=None, repeat: int 
         gemm = next(f for gv, f in mod.functions_items() if gv.name_hint.startswith(gemm_name(op)))
         if not (gemm.attrs and gemm.attrs.get("tirx.is_scheduled")):
             return None
-    ex = tvm.compile(mod, target=target)
+    ex = compile_module(mod, target)
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in chain_mod["main"].params]
     return time_vm(ex, inputs, repeat=repeat, min_repeat_ms=100)
