@@ -3,8 +3,8 @@
 TVM lowers every CPU allocation of 1024 bytes or more (``runtime::kMaxStackAlloca``) to a
 ``TVMBackendAllocWorkspace`` call.  A kernel's accumulator tile is allocated inside its parallel
 loop, so a 4 x 64 float tile (16 zmm registers, 1024 bytes) costs an allocation, a memset, a round
-trip through memory and a free for every tile: on VGG's first layer (a 27-step reduction) a
-quarter of the kernel's time (docs/decisions.md, session 58).  This pipeline marks each constant
+trip through memory and a free for every tile: on VGG's first layer (a 27-step reduction) more
+than a third of the kernel's time (docs/decisions.md, session 58).  This pipeline marks each constant
 allocation of at most ``STACK_BYTES`` with TVM's own ``disable_lower_builtin`` annotation, so that
 LLVM allocates it on the stack and keeps the tile in registers.
 
