@@ -134,29 +134,31 @@ def test_an_incumbent_keeps_its_crown_against_a_challenger_lucky_only_alone():
     assert best.latency == pytest.approx(0.008) and len(clock) == 28
 
 
-class _Lucky(Measurer):
-    """The first kernel measured at 1 s, every later one at 0 s alone, as the luckiest of noisy
-    single measurements would be: each is a would-be new best."""
+class _Faked(Measurer):
+    """The k-th kernel that runs is recorded at ``seconds(k)`` alone, as a noisy single measurement
+    could have it."""
+
+    def __init__(self, target, seconds):
+        super().__init__(target)
+        self.seconds, self.k = seconds, 0
 
     def measure(self, mods, on_result=None):
-        def lucky(i, res):
+        def faked(i, res):
             if res.ok:
-                res.run_secs = [0.0 if getattr(self, "first", None) else 1.0]
-                self.first = True
+                res.run_secs = [self.seconds(self.k)]
+                self.k += 1
             on_result(i, res)
-        return super().measure(mods, lucky)
+        return super().measure(mods, faked)
 
 
-class _Falling(Measurer):
-    """Every kernel measured at half the last one's time alone: each is a would-be new best."""
+def _lucky(k):
+    """The first kernel at 1 s, every later one at 0 s: each is a would-be new best."""
+    return 1.0 if k == 0 else 0.0
 
-    def measure(self, mods, on_result=None):
-        def falling(i, res):
-            if res.ok:
-                self.last = getattr(self, "last", 1e-3) / 2
-                res.run_secs = [self.last]
-            on_result(i, res)
-        return super().measure(mods, falling)
+
+def _falling(k):
+    """Every kernel at half the last one's time: each is a would-be new best."""
+    return 1e-3 / 2 ** (k + 1)
 
 
 @pytest.mark.slow
@@ -167,7 +169,7 @@ def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_p
     is tried once; the next best is then kept as measured and becomes the incumbent."""
     from adaptune.tuner import TaskTuner
 
-    measurer = _Lucky(target)
+    measurer = _Faked(target, _lucky)
     try:
         tune_tir(DENSE.mod(), target, strategy="random", trials=5, batch_size=5, work_dir=tmp_path, seed=4,
                  measurer=measurer)
@@ -191,7 +193,7 @@ def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_p
         loads.append(1)
         raise RuntimeError("the resumed best does not build again")
     monkeypatch.setattr(TaskTuner, "_load_incumbent", unbuildable)
-    measurer = _Falling(target)
+    measurer = _Faked(target, _falling)
     try:
         with caplog.at_level(logging.WARNING):
             tune_tir(DENSE.mod(), target, strategy="random", trials=11, batch_size=3, work_dir=tmp_path, seed=4,
