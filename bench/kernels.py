@@ -12,7 +12,8 @@ Layers: Chameleon's L1-L8, the distinct convolutions of ResNet-18 and ResNet-50 
 weights packed once), BERT-base's three dense shapes (128 tokens).  Issue 33's targets: the expert
 space's geomean >= 1.0x oneDNN at 256 trials and >= 0.9x at 64.
 
-    python bench/kernels.py                                    # every layer (hours: ~2-4 min per layer and space)
+    python bench/kernels.py                        # 37 layers, both spaces: ~3.5 h on 2 cores (~4 min a layer generic, ~1.7 expert)
+    python bench/kernels.py --spaces expert        # issue 33's targets alone: ~1 h
     python bench/kernels.py --layers paper bert --spaces expert
     python bench/kernels.py --layers L2 resnet18 --trials 32 128
 """
