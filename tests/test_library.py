@@ -142,6 +142,21 @@ def test_the_all_generated_build_runs_winograd_with_its_tuned_gemm(target, tmp_p
             == winograd_calls
 
 
+def test_the_race_gets_builds_with_winograd_kept_below_each_weight_size():
+    """Winograd's weights outgrow the cache on the largest layers first: the race's extra all-generated
+    builds drop the chains with the largest transformed weights one size at a time."""
+    from adaptune.model.library.op import LibraryOp
+    ops = {c: LibraryOp("conv2d", (1, 8, 8, c), (c, c, 3, 3), (1, 8, 8, c), ((1, 1), (1, 1), (1, 1), 1))
+           for c in (64, 128, 256)}
+    winograd = {op: "winograd-generated" for op in ops.values()}
+    caps = C.winograd_caps(winograd)
+    assert [name for name, _ in caps] == ["generated, Winograd up to 2.2 MB weights",
+                                          "generated, Winograd up to 0.6 MB weights"]
+    assert [sorted(op.weight[0] for op in kept) for _, kept in caps] == [[64, 128], [64]]
+    assert all(kept[op] == "winograd-generated" for _, kept in caps for op in kept)
+    assert C.winograd_caps({ops[64]: "winograd-generated"}) == [] and C.winograd_caps({}) == []
+
+
 def test_chains_are_found_once_each_with_their_epilogues(block):
     ops = L.find_ops(optimise(block.mod))
     assert sorted(o.label for o in ops) == [

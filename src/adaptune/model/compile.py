@@ -142,10 +142,23 @@ class BestBuild:
         return min((b for b in self.builds if not b.on_library), key=lambda b: b.seconds)
 
 
+def winograd_caps(winograd: dict) -> list[tuple[str, dict]]:
+    """The all-generated build's Winograd chains kept only up to each size of transformed weight, the
+    largest dropped first: (build name, chains).  Winograd's weights are 4x the direct kernel's, so a
+    model whose 3x3 layers all run as Winograd may outgrow the last-level cache and stream every
+    weight from DRAM on each inference, which the per-chain timings (each chain alone, its weights
+    hot) cannot see; the whole-model race can (ResNet-18 on a VM whose L3 holds ~64 MB: 14.5 ms all
+    Winograd, 12.3 without the 512-channel chains' 113 MB; docs/decisions.md, session 60)."""
+    from .winograd import weight_bytes
+    sizes = sorted({weight_bytes(op) for op in winograd}, reverse=True)
+    return [(f"generated, Winograd up to {cap / 2**20:.1f} MB weights",
+             {op: impl for op, impl in winograd.items() if weight_bytes(op) <= cap}) for cap in sizes[1:]]
+
+
 def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3,
                library_times: dict | None = None) -> BestBuild:
     """Build the model all generated (with Winograd's generated GEMMs where ``library.plan`` timed them
-    faster than the direct kernel, and without), with every chain oneDNN can run on oneDNN, and with
+    faster than the direct kernel, without, and with ``winograd_caps``' subsets), with every chain oneDNN can run on oneDNN, and with
     the per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check
     each against the reference; time them alternating, ``RACE_INTERLEAVE * rounds`` rounds of one short
     sample each, then the two fastest and the generated build twice as many rounds more; keep the
@@ -158,7 +171,8 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     inputs = inputs if inputs is not None else model.example_inputs()
     choices = plan(optimise(model.mod), database, target, library_times, library=library)
     winograd = generated_choice(choices)
-    variants = [("generated", winograd, False)] + ([("generated, direct", {}, False)] if winograd else [])
+    variants = [("generated", winograd, False), *((name, ops, False) for name, ops in winograd_caps(winograd))]
+    variants += [("generated, direct", {}, False)] if winograd else []
     if library and choices:
         variants += [("library", eligible(choices), False), ("choice", chosen(choices), False)]
         if not is_cuda(target):             # serial glue: TVM's CPU thread pool beside OpenMP's
