@@ -148,8 +148,8 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
     contenders["tvm-untuned"] = (_vm_runner(ex0, inputs), C.check(ex0, model, inputs), "")
     best = None
     if database is not None:
-        stage("building the tuned model up to six ways (generated with and without Winograd, library, "
-              "per-chain choice, both with serial glue)")
+        stage("building the tuned model several ways (generated with Winograd, with less of it and without, "
+              "library, per-chain choice, both with serial glue)")
         best = C.build_best(model, database, target, library=library, inputs=inputs, rounds=race_rounds,
                             library_times=library_times)
         gen = best.generated

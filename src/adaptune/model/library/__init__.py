@@ -20,7 +20,7 @@ attention's softmax and a layer norm one PyTorch call each.
   task in the tuning database); a call that fails for its shape or attributes falls back to the
   generated kernel with one warning.
 
-``compile.build_best`` then times the whole model built up to six ways and keeps the fastest (the
+``compile.build_best`` then times the whole model built several ways and keeps the fastest (the
 choice is checked on the whole model, not only per kernel).
 """
 from .calls import CONV, onednn_conv2d, onednn_conv2d_add, onednn_linear, onednn_linear_add
