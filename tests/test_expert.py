@@ -95,6 +95,14 @@ def test_the_expert_knobs_are_the_templates(target):
     assert any(type(p).__name__ == "RewriteLayout" for p in space.postprocs)
 
 
+def test_vector_blocks_are_whole_vectors_or_else_fill_the_extent():
+    """Full vectors where they divide; else half a zmm and a zmm-and-ymm block that covers 24 or 40
+    channels with one broadcast input (COVERED's 40-channel 1x1 builds and checks both)."""
+    assert vector_blocks(64, 16) == [16, 32, 64] and vector_blocks(48, 16) == [16, 48]
+    assert vector_blocks(24, 16) == [8, 24] and vector_blocks(40, 16) == [8, 40] and vector_blocks(72, 16) == [8, 24]
+    assert vector_blocks(24, 8) == [8, 24] and vector_blocks(5, 16) == []
+
+
 @pytest.mark.parametrize("mcpu,lanes,regs", [("znver4", 16, 32), ("znver1", 8, 16), ("x86-64", 4, 16)])
 def test_register_blocks_fit_the_register_file(mcpu, lanes, regs):
     t = parse_target({"kind": "llvm", "mcpu": mcpu})

@@ -93,10 +93,12 @@ def _is_padding(sch, block) -> bool:
 
 
 def vector_blocks(extent: int, lanes: int) -> list[int]:
-    """Output-channel vector blocks that divide the extent: 1-4 full vectors, or where none
-    divides, a multiple of 8 below a vector (half a zmm; measured slowest wherever a full one fits)."""
+    """Output-channel vector blocks that divide the extent: 1-4 full vectors, or where none divides,
+    a multiple of 8 below a vector (half a zmm; measured slowest wherever a full one fits) and one
+    between full vectors (24 = a zmm and a ymm: MobileNetV2's 24-channel layers, one broadcast input
+    feeding both instead of three half-zmm blocks each loading it again)."""
     full = [v for v in range(lanes, 4 * lanes + 1, lanes) if extent % v == 0]
-    return full or [v for v in range(8, lanes, 8) if extent % v == 0]
+    return full or [v for v in range(8, 4 * lanes, 8) if extent % v == 0 and v % lanes]
 
 
 def register_blocks(extent: int, vec: int, lanes: int, regs: int) -> list[int]:
