@@ -142,6 +142,11 @@ class BestBuild:
         return min((b for b in self.builds if not b.on_library), key=lambda b: b.seconds)
 
 
+#: Winograd weights that fit together in the last-level cache of any x86 machine we met (Zen 1's L3
+#: is 8 MB per core complex): below this, builds with less Winograd are not raced
+SMALL_WEIGHTS = 8 * 2**20
+
+
 def winograd_caps(winograd: dict) -> list[tuple[str, dict]]:
     """The all-generated build's Winograd chains kept only up to each size of transformed weight, the
     largest dropped first: (build name, chains).  Winograd's weights are 4x the direct kernel's, so a
@@ -150,6 +155,8 @@ def winograd_caps(winograd: dict) -> list[tuple[str, dict]]:
     hot) cannot see; the whole-model race can (ResNet-18 on a VM whose L3 holds ~64 MB: 14.5 ms all
     Winograd, 12.3 without the 512-channel chains' 113 MB; docs/decisions.md, session 60)."""
     from .winograd import weight_bytes
+    if sum(weight_bytes(op) for op in winograd) <= SMALL_WEIGHTS:
+        return []
     sizes = sorted({weight_bytes(op) for op in winograd}, reverse=True)
     return [(f"generated, Winograd up to {cap / 2**20:.1f} MB weights",
              {op: impl for op, impl in winograd.items() if weight_bytes(op) <= cap}) for cap in sizes[1:]]
@@ -158,8 +165,8 @@ def winograd_caps(winograd: dict) -> list[tuple[str, dict]]:
 def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3,
                library_times: dict | None = None) -> BestBuild:
     """Build the model all generated (with Winograd's generated GEMMs where ``library.plan`` timed them
-    faster than the direct kernel, without, and with ``winograd_caps``' subsets), with every chain oneDNN can run on oneDNN, and with
-    the per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check
+    faster than the direct kernel, with ``winograd_caps``' subsets of those, and without), with every
+    chain oneDNN can run on oneDNN, and with the per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check
     each against the reference; time them alternating, ``RACE_INTERLEAVE * rounds`` rounds of one short
     sample each, then the two fastest and the generated build twice as many rounds more; keep the
     fastest by ``paired_seconds`` (so the final model is no slower than either extreme, up to what a
