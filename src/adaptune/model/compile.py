@@ -166,9 +166,9 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
                library_times: dict | None = None) -> BestBuild:
     """Build the model all generated (with Winograd's generated GEMMs where ``library.plan`` timed them
     faster than the direct kernel, with ``winograd_caps``' subsets of those, and without), with every
-    chain oneDNN can run on oneDNN, and with the per-chain choice of ``library.plan`` (the last two also with their glue kernels serial); check
-    each against the reference; time them alternating, ``RACE_INTERLEAVE * rounds`` rounds of one short
-    sample each, then the two fastest and the generated build twice as many rounds more; keep the
+    chain oneDNN can run on oneDNN, and with the per-chain choice of ``library.plan`` (the last two
+    also with their glue kernels serial); check each against the reference; time them alternating,
+    ``RACE_INTERLEAVE * rounds`` rounds of one short sample each, then the two fastest and the generated build twice as many rounds more; keep the
     fastest by ``paired_seconds`` (so the final model is no slower than either extreme, up to what a
     machine whose slow phases reorder the builds leaves: about 2% on a noisy VM, decisions.md).
     ``library_times``: the chains' library timings this run has measured already (``tune_model``'s),
@@ -178,7 +178,7 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     inputs = inputs if inputs is not None else model.example_inputs()
     choices = plan(optimise(model.mod), database, target, library_times, library=library)
     winograd = generated_choice(choices)
-    variants = [("generated", winograd, False), *((name, ops, False) for name, ops in winograd_caps(winograd))]
+    variants = [("generated", winograd, False)] + [(name, ops, False) for name, ops in winograd_caps(winograd)]
     variants += [("generated, direct", {}, False)] if winograd else []
     if library and choices:
         variants += [("library", eligible(choices), False), ("choice", chosen(choices), False)]
