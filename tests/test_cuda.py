@@ -1,8 +1,6 @@
 """The CUDA target: what runs without a GPU (targets, design spaces, decoding, building with TVM's
 CUDA codegen, the CLI's refusal) and, where a GPU is visible, a tuned kernel checked against numpy."""
 import shutil
-import subprocess
-import sys
 import time
 import zlib
 
@@ -122,22 +120,19 @@ def test_short_gpu_batches_are_topped_up_not_taken_for_exhaustion(l8_space):
                                   ["bench", "demo-cnn", "--target", "cuda"],
                                   ["tune", "demo-cnn", "--target", "cuda", "--trials", "4"],
                                   ["compile", "demo-cnn", "--target", "cuda", "--db", "wd", "-o", "m.so"]])
-def test_cli_without_a_gpu_says_so_in_one_line_exit_2(tmp_path, args):
-    out = subprocess.run([sys.executable, "-m", "adaptune.cli", *args], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1 and "needs an NVIDIA GPU" in lines[0], out.stderr
+def test_cli_without_a_gpu_says_so_in_one_line_exit_2(tmp_path, cli, args):
+    code, _, err = cli(*args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "needs an NVIDIA GPU" in lines[0], err
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_with_rpc_needs_no_local_gpu_and_an_unreachable_tracker_is_one_line(tmp_path):
+def test_cli_with_rpc_needs_no_local_gpu_and_an_unreachable_tracker_is_one_line(tmp_path, cli):
     """With --rpc the kernels run remotely: no local-GPU refusal; the tracker is asked, at once."""
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "adaptune.cli", "tune-op", "tiny-dense", "--target", "cuda",
-                          "--rpc", "127.0.0.1:9", "--device-key", "gpu"], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1 and "cannot reach the RPC tracker" in lines[0], out.stderr
+    code, _, err = cli("tune-op", "tiny-dense", "--target", "cuda", "--rpc", "127.0.0.1:9", "--device-key", "gpu")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "cannot reach the RPC tracker" in lines[0], err
     assert time.monotonic() - t0 < 30 and list(tmp_path.iterdir()) == []
 
 

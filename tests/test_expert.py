@@ -146,17 +146,14 @@ def test_onednn_on_a_workloads_shape_computes_what_numpy_computes(spec):
     call()
 
 
-def test_tune_op_prints_onednn_beside_the_tuned_kernel_and_writes_json(tmp_path):
+def test_tune_op_prints_onednn_beside_the_tuned_kernel_and_writes_json(tmp_path, cli):
     import json
-    import subprocess
-    import sys
 
     spec = "conv2d_nhwc:1,16,14,14,32,3,3,1,1"
-    out = subprocess.run([sys.executable, "-m", "adaptune.cli", "tune-op", spec, "--trials", "4", "--work-dir",
-                          str(tmp_path / "wd"), "--json", str(tmp_path / "r.json")], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert "oneDNN, same shape" in out.stdout and "PASS" in out.stdout
+    code, out, err = cli("tune-op", spec, "--trials", "4", "--work-dir", str(tmp_path / "wd"), "--json",
+                         str(tmp_path / "r.json"))
+    assert code == 0, err
+    assert "oneDNN, same shape" in out and "PASS" in out
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["trials"] == 4 and r["best_latency_ms"] > 0 and r["onednn_latency_ms"] > 0
     assert r["gflops"] == pytest.approx(get_workload(spec).flops / r["best_latency_ms"] / 1e6)
