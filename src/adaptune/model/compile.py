@@ -168,9 +168,10 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     faster than the direct kernel, with ``winograd_caps``' subsets of those, and without), with every
     chain oneDNN can run on oneDNN, and with the per-chain choice of ``library.plan`` (the last two
     also with their glue kernels serial); check each against the reference; time them alternating,
-    ``RACE_INTERLEAVE * rounds`` rounds of one short sample each, then the two fastest and the generated build twice as many rounds more; keep the
-    fastest by ``paired_seconds`` (so the final model is no slower than either extreme, up to what a
-    machine whose slow phases reorder the builds leaves: about 2% on a noisy VM, decisions.md).
+    ``RACE_INTERLEAVE * rounds`` rounds of one short sample each, then the two fastest and the
+    generated build twice as many rounds more; keep the fastest by ``paired_seconds`` (so the final
+    model is no slower than either extreme, up to what a machine whose slow phases reorder the
+    builds leaves: about 2% on a noisy VM, decisions.md).
     ``library_times``: the chains' library timings this run has measured already (``tune_model``'s),
     reused."""
     from .library import chosen, eligible, generated_choice, plan
