@@ -107,6 +107,10 @@ def test_winograd_chains_match_pytorch_and_load_in_a_fresh_process(target, empty
     x = m.example_inputs(seed=4)
     ex = tvm.compile(mod, target=target)
     assert C.check(ex, m, x) < 1e-4
+    # F(2x2,3x3), its GEMM generated (untuned here): 3x3 tiles of 2x2 over the 9x11 map, cut at both edges
+    mod2 = C.lower_tuned(m, C.open_database(empty_db), target, {op: "winograd-generated-f2" for op in ops})
+    assert sum(n for k, n in op_counts(mod2).items() if k.startswith("kernel:winograd_gemm_30x16x16_f2")) == 3
+    assert C.check(tvm.compile(mod2, target=target), m, x) < 1e-4
     # exported, it loads and runs in a fresh process (the oneDNN GEMM registers on import)
     lib = C.export(ex, tmp_path / "wino.so")
     np.save(tmp_path / "x.npy", x[0])
@@ -144,19 +148,32 @@ def test_the_all_generated_build_runs_winograd_with_its_tuned_gemm(target, tmp_p
 
 def test_the_race_gets_builds_with_winograd_kept_below_each_weight_size():
     """Winograd's weights outgrow the cache on the largest layers first: the race's extra all-generated
-    builds drop the chains with the largest transformed weights one size at a time."""
+    builds keep each chain's F(4x4) form while its weight fits a size, then its F(2x2) form (16/9 of
+    the direct weight, offered from 256x256 channels), then its direct kernel, one size at a time."""
     from adaptune.model.library.op import LibraryOp
+    from adaptune.model.winograd import forms
     ops = {c: LibraryOp("conv2d", (1, 8, 8, c), (c, c, 3, 3), (1, 8, 8, c), ((1, 1), (1, 1), (1, 1), 1))
            for c in (64, 128, 256)}
-    winograd = {op: "winograd-generated" for op in ops.values()}
-    caps = C.winograd_caps(winograd)
-    assert [name for name, _ in caps] == ["generated, Winograd up to 2.2 MB weights",
-                                          "generated, Winograd up to 0.6 MB weights"]
-    assert [sorted(op.weight[0] for op in kept) for _, kept in caps] == [[64, 128], [64]]
-    assert all(kept[op] == "winograd-generated" for _, kept in caps for op in kept)
-    assert C.winograd_caps({ops[64]: "winograd-generated"}) == [] and C.winograd_caps({}) == []
-    # 2.9 MB of Winograd weights in all: they fit any last-level cache, nothing to drop
-    assert C.winograd_caps({ops[c]: "winograd-generated" for c in (64, 128)}) == []
+    assert [len(forms(ops[c])) for c in (64, 128, 256)] == [2, 2, 3]
+
+    def choice(c, calls=1, f2=True):      # both Winograd forms faster alone than the direct kernel
+        return L.Choice(ops[c], calls, None, 1e-3, [], None, 5e-4, 6e-4 if f2 and c == 256 else None)
+    caps = C.winograd_caps([choice(c) for c in (64, 128, 256)])
+    assert [name for name, _ in caps] == ["generated, Winograd up to 4.0 MB weights (1 as F(2x2))"]
+    assert [{op.weight[0]: impl for op, impl in kept.items()} for _, kept in caps] == [
+        {64: "winograd-generated", 128: "winograd-generated", 256: "winograd-generated-f2"}]  # 6.8 MB: the caps stop
+    # without the F(2x2) form, the 256-channel chain goes straight to its direct kernel
+    assert [name for name, _ in C.winograd_caps([choice(c, f2=False) for c in (64, 128, 256)])] == [
+        "generated, Winograd up to 2.2 MB weights"]
+    # a form slower alone than the direct kernel is never raced
+    slow = L.Choice(ops[256], 1, None, 1e-3, [], None, 5e-4, 2e-3)
+    assert all(i != "winograd-generated-f2" for _, kept in C.winograd_caps([choice(64), choice(128), slow])
+               for i in kept.values())
+    assert C.winograd_caps([choice(64)]) == [] and C.winograd_caps([]) == []
+    # 2.8 MB of Winograd weights in all (each called once): they fit any last-level cache
+    assert C.winograd_caps([choice(c) for c in (64, 128)]) == []
+    # called four times each, 11 MB: the caps race
+    assert len(C.winograd_caps([choice(c, calls=4) for c in (64, 128)])) == 1
 
 
 def test_chains_are_found_once_each_with_their_epilogues(block):

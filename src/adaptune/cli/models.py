@@ -97,13 +97,14 @@ def _choice_table(best, gpu: bool = False) -> None:
         table = Table(title=f"per chain: the library's fused call ({vendors}; PyTorch for batched matmuls, softmax "
                             "and layer norm), Winograd (our transforms + oneDNN's or our tuned GEMM) or our tuned "
                             "kernel (--no-library: ours everywhere)")
-        for col in ("chain", "calls", "library", "Winograd", "Winograd (gen.)", "tuned (fused)", "fastest"):
+        for col in ("chain", "calls", "library", "Winograd", "Winograd (gen.)", "F(2x2) (gen.)", "tuned (fused)",
+                    "fastest"):
             table.add_column(col, justify="left" if col in ("chain", "fastest") else "right")
         for c in best.choices:
-            fastest = {"onednn": c.op.vendor(gpu), "winograd": "Winograd",
-                       "winograd-generated": "Winograd (gen.)"}.get(c.impl, c.impl)
+            fastest = {"onednn": c.op.vendor(gpu), "winograd": "Winograd", "winograd-generated": "Winograd (gen.)",
+                       "winograd-generated-f2": "F(2x2) (gen.)"}.get(c.impl, c.impl)
             table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.winograd_s), _ms(c.winograd_generated_s),
-                          _ms(c.generated_s), fastest)
+                          _ms(c.winograd2_generated_s), _ms(c.generated_s), fastest)
         console.print(table)
     console.print("whole model: " + ", ".join(f"{b.name} {_ms(b.seconds)}" for b in best.builds) +
                   f"  ->  keeps the {best.best.name} build")

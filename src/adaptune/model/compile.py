@@ -82,9 +82,9 @@ def lower_tuned(model, database, target, library=None, serial=False) -> "tvm.IRM
     """The model's module with the best record of every task from ``database`` applied.
 
     ``library``: chain signatures (``library.LibraryOp``) -> "onednn" | "winograd" |
-    "winograd-generated", the chains to run on that implementation instead of the direct generated
-    kernel (Woodpecker's per-operator choice; see ``library.plan``).  ``serial``: glue kernels run
-    serially (``serial_glue``)."""
+    "winograd-generated" | "winograd-generated-f2", the chains to run on that implementation instead
+    of the direct generated kernel (Woodpecker's per-operator choice; see ``library.plan``).
+    ``serial``: glue kernels run serially (``serial_glue``)."""
     mod = optimise(model.mod)
     if library:
         from .library import offload
@@ -108,7 +108,7 @@ class Build:
     """One build of the model: what it runs on the library, its check and its time."""
     name: str                           # "generated" | "library" | "choice" | "... serial glue"
     executable: object
-    library: dict                       # chain signature -> "onednn" | "winograd" | "winograd-generated"
+    library: dict                       # chain signature -> "onednn" | "winograd" | "winograd-generated[-f2]"
     error: float
     seconds: float
     serial: bool = False                # glue kernels serial (``serial_glue``)
@@ -126,7 +126,9 @@ class Build:
         of = "" if chains is None else f" of {chains}"
         return (f"{n['onednn']}{of} chains as fused library calls"
                 + (f", {n['winograd']} as Winograd" if n["winograd"] else "")
-                + (f", {n['winograd-generated']} as Winograd with generated GEMMs" if n["winograd-generated"] else ""))
+                + (f", {n['winograd-generated']} as Winograd with generated GEMMs" if n["winograd-generated"] else "")
+                + (f", {n['winograd-generated-f2']} as Winograd F(2x2) with generated GEMMs"
+                   if n["winograd-generated-f2"] else ""))
 
 
 @dataclass
@@ -147,19 +149,40 @@ class BestBuild:
 SMALL_WEIGHTS = 8 * 2**20
 
 
-def winograd_caps(winograd: dict) -> list[tuple[str, dict]]:
-    """The all-generated build's Winograd chains kept only up to each size of transformed weight, the
-    largest dropped first: (build name, chains).  Winograd's weights are 4x the direct kernel's, so a
-    model whose 3x3 layers all run as Winograd may outgrow the last-level cache and stream every
-    weight from DRAM on each inference, which the per-chain timings (each chain alone, its weights
-    hot) cannot see; the whole-model race can (ResNet-18 on a VM whose L3 holds ~64 MB: 14.5 ms all
-    Winograd, 12.3 without the 512-channel chains' 113 MB; docs/decisions.md, session 60)."""
-    from .winograd import weight_bytes
-    if sum(weight_bytes(op) for op in winograd) <= SMALL_WEIGHTS:
+def winograd_caps(choices) -> list[tuple[str, dict]]:
+    """All-generated builds whose Winograd chains keep transformed weights up to each size, the largest
+    dropped first: (build name, chains).  Each chain takes the first of its ``winograd_forms`` whose
+    weight fits, F(4x4,3x3) then F(2x2,3x3) (16/9 of the direct weight rather than 4x), else its direct
+    kernel.  A model whose 3x3 layers all run as F(4x4) may outgrow the last-level cache and stream
+    every weight from DRAM on each inference, which the per-chain timings (each chain alone, its
+    weights hot) cannot see; the whole-model race can (ResNet-18 on a VM whose L3 holds ~64 MB: 14.5 ms
+    all F(4x4), 12.3 without the 512-channel chains' 113 MB; docs/decisions.md, session 60).  Caps stop
+    at the first whose chains' weights (per call) fit ``SMALL_WEIGHTS``."""
+    from .winograd import tile, weight_bytes
+    forms = {c.op: [(impl, weight_bytes(c.op, tile(impl))) for impl in c.winograd_forms] for c in choices}
+    calls = {c.op: max(c.calls, 1) for c in choices}
+
+    def kept(cap: float) -> dict:
+        return {op: next(i for i, b in fs if b <= cap) for op, fs in forms.items() if any(b <= cap for _, b in fs)}
+
+    def total(chains: dict) -> int:
+        return sum(calls[op] * weight_bytes(op, tile(impl)) for op, impl in chains.items())
+
+    sizes = sorted({b for fs in forms.values() for _, b in fs}, reverse=True)
+    if not sizes or total(kept(sizes[0])) <= SMALL_WEIGHTS:
         return []
-    sizes = sorted({weight_bytes(op) for op in winograd}, reverse=True)
-    return [(f"generated, Winograd up to {cap / 2**20:.1f} MB weights",
-             {op: impl for op, impl in winograd.items() if weight_bytes(op) <= cap}) for cap in sizes[1:]]
+    caps, seen = [], [kept(sizes[0])]
+    for cap in sizes[1:]:
+        chains = kept(cap)
+        if chains in seen:
+            continue
+        seen.append(chains)
+        small = sum(tile(i) != tile("winograd") for i in chains.values())
+        caps.append((f"generated, Winograd up to {cap / 2**20:.1f} MB weights"
+                     + (f" ({small} as F(2x2))" if small else ""), chains))
+        if total(chains) <= SMALL_WEIGHTS:
+            break
+    return caps
 
 
 def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3,
@@ -179,7 +202,7 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     inputs = inputs if inputs is not None else model.example_inputs()
     choices = plan(optimise(model.mod), database, target, library_times, library=library)
     winograd = generated_choice(choices)
-    variants = [("generated", winograd, False)] + [(name, ops, False) for name, ops in winograd_caps(winograd)]
+    variants = [("generated", winograd, False)] + [(name, ops, False) for name, ops in winograd_caps(choices)]
     variants += [("generated, direct", {}, False)] if winograd else []
     if library and choices:
         variants += [("library", eligible(choices), False), ("choice", chosen(choices), False)]

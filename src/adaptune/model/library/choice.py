@@ -30,6 +30,7 @@ class Choice:
     tasks: list[str] = field(default_factory=list)
     winograd_s: float | None = None     # Winograd F(4x4,3x3) (``winograd.py``); None: not applicable
     winograd_generated_s: float | None = None   # the same with its GEMMs generated; None: no tuned GEMM
+    winograd2_generated_s: float | None = None  # F(2x2,3x3), GEMMs generated (``winograd.forms``); None: not offered
 
     @property
     def library_impl(self) -> str | None:
@@ -38,11 +39,26 @@ class Choice:
         return min(times, key=times.get) if times else None
 
     @property
+    def generated_times(self) -> dict[str, float]:
+        """The chain's all-generated implementations that were timed: the tuned direct kernel
+        ("generated"), Winograd F(4x4,3x3) and F(2x2,3x3) with the tuned GEMM."""
+        return {k: v for k, v in (("generated", self.generated_s), ("winograd-generated", self.winograd_generated_s),
+                                  ("winograd-generated-f2", self.winograd2_generated_s)) if v is not None}
+
+    @property
     def generated_impl(self) -> str:
-        """The chain's faster all-generated implementation: the tuned direct kernel ("generated") or
-        Winograd with the tuned GEMM ("winograd-generated")."""
-        w, g = self.winograd_generated_s, self.generated_s
-        return "winograd-generated" if w is not None and (g is None or w < g) else "generated"
+        """The chain's fastest all-generated implementation (``generated_times``; "generated" when the
+        direct kernel has no record and Winograd none either)."""
+        times = self.generated_times
+        return min(times, key=times.get) if times else "generated"
+
+    @property
+    def winograd_forms(self) -> list[str]:
+        """The generated Winograd forms that timed faster than the chain's direct kernel, F(4x4,3x3)
+        first (``compile.winograd_caps`` falls back to F(2x2,3x3) where F(4x4)'s weight is too large)."""
+        times, direct = self.generated_times, self.generated_s
+        return [k for k in ("winograd-generated", "winograd-generated-f2")
+                if k in times and (direct is None or times[k] < direct)]
 
     @property
     def impl(self) -> str:
@@ -52,7 +68,7 @@ class Choice:
         if lib is None:
             return gen
         lib_s = self.library_s if lib == "onednn" else self.winograd_s
-        gen_s = self.winograd_generated_s if gen == "winograd-generated" else self.generated_s
+        gen_s = self.generated_times.get(gen)
         return lib if gen_s is None or lib_s < gen_s else gen
 
     @property
@@ -63,6 +79,7 @@ class Choice:
         ms = lambda s: None if s is None else s * 1e3                     # noqa: E731
         return {"op": self.op.label, "calls": self.calls, "library_ms": ms(self.library_s),
                 "winograd_ms": ms(self.winograd_s), "winograd_generated_ms": ms(self.winograd_generated_s),
+                "winograd2_generated_ms": ms(self.winograd2_generated_s),
                 "generated_ms": ms(self.generated_s), "tasks": self.tasks,
                 "choice": self.impl}
 
@@ -74,16 +91,16 @@ def _chain_tasks(optimised, target):
         yield op, mod, extract_tasks(mod, target)[0]
 
 
-def _time_winograd(op: LibraryOp, chain_mod, target, database=None, repeat: int = 5) -> float | None:
-    """Seconds per call of the chain as Winograd F(4x4,3x3), built and run through the Relax VM; with
-    a ``database``, its GEMMs generated from their best record (None when it has none)."""
+def _time_winograd(op: LibraryOp, impl: str, chain_mod, target, database=None, repeat: int = 5) -> float | None:
+    """Seconds per call of the chain as Winograd ``impl``, built and run through the Relax VM; a
+    "-generated" form runs its GEMMs from their best record in ``database`` (None when it has none)."""
     from ..timing import time_vm
     from ..graph import apply_database, fuse
-    from ..winograd import gemm_name
-    mod = fuse(offload(chain_mod, {op: "winograd" if database is None else "winograd-generated"}), target)
-    if database is not None:
+    from ..winograd import gemm_name, tile
+    mod = fuse(offload(chain_mod, {op: impl}), target)
+    if "generated" in impl:
         mod = apply_database(mod, database, target)
-        gemm = next(f for gv, f in mod.functions_items() if gv.name_hint.startswith(gemm_name(op)))
+        gemm = next(f for gv, f in mod.functions_items() if gv.name_hint.startswith(gemm_name(op, tile(impl))))
         if not (gemm.attrs and gemm.attrs.get("tirx.is_scheduled")):
             return None
     ex = compile_module(mod, target)
@@ -95,24 +112,25 @@ def _time_winograd(op: LibraryOp, chain_mod, target, database=None, repeat: int 
 def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None = None,
                  database=None) -> float | None:
     """Seconds per call of the chain on ``impl`` ("onednn": the fused call; "winograd";
-    "winograd-generated", whose GEMMs come from ``database``), or None where it does not apply or
-    fails (one warning line: the chain keeps its other paths).
+    "winograd-generated" and "winograd-generated-f2", whose GEMMs come from ``database``), or None
+    where it does not apply or fails (one warning line: the chain keeps its other paths).
     ``times`` holds what this run measured already: tuning's ``task_floors`` and the build's
     ``plan`` time each chain once between them."""
     from .. import winograd
     times = {} if times is None else times
     if (op, impl) not in times:
-        if impl != "onednn" and (is_cuda(target) or not winograd.supports(op)):
+        if impl != "onednn" and (is_cuda(target) or impl not in winograd.forms(op)):
             times[op, impl] = None
             return None
         try:
             with device_exclusive():
                 times[op, impl] = op.time(repeat=5, dev=device(target)) if impl == "onednn" else \
-                    _time_winograd(op, chain_mod, target, database if impl == "winograd-generated" else None)
+                    _time_winograd(op, impl, chain_mod, target, database)
         except Exception as e:                              # noqa: BLE001 - any failure of a library path
             name, rest = {"onednn": ("oneDNN", "the generated kernel"),
                           "winograd": ("Winograd", "oneDNN or the generated kernel"),
-                          "winograd-generated": ("Winograd with generated GEMMs", "the other paths")}[impl]
+                          "winograd-generated": ("Winograd with generated GEMMs", "the other paths"),
+                          "winograd-generated-f2": ("Winograd F(2x2) with generated GEMMs", "the other paths")}[impl]
             print(f"adaptune: warning: {name} cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
                   f"using {rest}", file=sys.stderr)
             times[op, impl] = None
@@ -137,22 +155,28 @@ def plan(optimised, database, target, times: dict | None = None, library: bool =
         generated = sum(lats) if len(lats) == len(tasks) and lats else None
         lib = {impl: library_time(op, impl, chain_mod, target, times) if library else None
                for impl in ("onednn", "winograd")}
-        wgen = library_time(op, "winograd-generated", chain_mod, target, times, database) if database is not None else None
+        wgen = {impl: library_time(op, impl, chain_mod, target, times, database) if database is not None else None
+                for impl in ("winograd-generated", "winograd-generated-f2")}
         choices.append(Choice(op, counts.get(op, 0), lib["onednn"], generated, [t.name for t in tasks],
-                              lib["winograd"], wgen))
+                              lib["winograd"], wgen["winograd-generated"], wgen["winograd-generated-f2"]))
     return choices
 
 
 def gemm_tasks(optimised, target) -> list:
-    """The generated GEMM (``winograd.gemm``) of every chain Winograd can run, as tuning tasks
-    (weight: its calls), so that the all-generated model can run Winograd too.  None on a GPU (the
-    transforms are CPU code)."""
+    """The generated GEMM (``winograd.gemm``) of every generated Winograd form of every chain
+    (``winograd.forms``), as tuning tasks (weight: its calls), so that the all-generated model can run
+    Winograd too.  None on a GPU (the transforms are CPU code)."""
     from ..graph import extract_tasks
-    from ..winograd import supports
-    ops = {op: "winograd-generated" for op in find_ops(optimised) if supports(op)}
-    if not ops or is_cuda(target):
+    from ..winograd import forms
+    if is_cuda(target):
         return []
-    return [t for t in extract_tasks(offload(optimised, ops), target)[0] if t.name.startswith("winograd_gemm_")]
+    tasks: dict[str, object] = {}
+    for impl in ("winograd-generated", "winograd-generated-f2"):
+        ops = {op: impl for op in find_ops(optimised) if impl in forms(op)}
+        if ops:
+            tasks.update((t.name, t) for t in extract_tasks(offload(optimised, ops), target)[0]
+                         if t.name.startswith("winograd_gemm_"))
+    return list(tasks.values())
 
 
 def task_floors(optimised, tasks, target, times: dict | None = None) -> dict[str, float]:

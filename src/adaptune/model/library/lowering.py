@@ -10,17 +10,18 @@ from .calls import digest
 from .patterns import Chain, packed_call, rewrite, weight_bias
 
 
-def _winograd_call(chain: Chain, add_func, generated: bool) -> relax.Expr:
+def _winograd_call(chain: Chain, add_func, impl: str) -> relax.Expr:
     from .. import winograd
     w, b = weight_bias(chain)
     return winograd.call(chain.op, chain.anchor.args[0], w, b, chain.residual, digest(chain.op, w, b), add_func,
-                         generated)
+                         "generated" in impl, winograd.tile(impl))
 
 
 def offload(optimised, ops: dict) -> "tvm.IRModule":
     """Rewrite every chain whose signature is in ``ops`` into its library implementation:
     ``"onednn"``, one fused oneDNN call; ``"winograd"``, ``winograd.call`` (its GEMMs on oneDNN);
-    ``"winograd-generated"``, the same with the tuned GEMM kernel (all generated code)."""
+    ``"winograd-generated"``, the same with the tuned GEMM kernel (all generated code); each of the
+    two with ``-f2`` runs F(2x2, 3x3) instead of F(4x4, 3x3)."""
     if not ops:
         return optimised
 
@@ -28,8 +29,8 @@ def offload(optimised, ops: dict) -> "tvm.IRModule":
         impl = ops.get(chain.op)
         if impl == "onednn":
             return packed_call(chain)
-        if impl in ("winograd", "winograd-generated"):
-            return _winograd_call(chain, add_func, impl == "winograd-generated")
+        if impl is not None and impl.startswith("winograd"):
+            return _winograd_call(chain, add_func, impl)
         return None
     return rewrite(optimised, on_chain)
 
