@@ -158,7 +158,7 @@ def winograd_caps(choices) -> list[tuple[str, dict]]:
     weights hot) cannot see; the whole-model race can (ResNet-18 on a VM whose L3 holds ~64 MB: 14.5 ms
     all F(4x4), 12.3 without the 512-channel chains' 113 MB; docs/decisions.md, session 60).  Caps stop
     at the first whose chains' weights (per call) fit ``SMALL_WEIGHTS``."""
-    from .winograd import tile, weight_bytes
+    from .winograd import M, tile, weight_bytes
     forms = {c.op: [(impl, weight_bytes(c.op, tile(impl))) for impl in c.winograd_forms] for c in choices}
     calls = {c.op: max(c.calls, 1) for c in choices}
 
@@ -177,7 +177,7 @@ def winograd_caps(choices) -> list[tuple[str, dict]]:
         if chains in seen:
             continue
         seen.append(chains)
-        small = sum(tile(i) != tile("winograd") for i in chains.values())
+        small = sum(tile(i) != M for i in chains.values())
         caps.append((f"generated, Winograd up to {cap / 2**20:.1f} MB weights"
                      + (f" ({small} as F(2x2))" if small else ""), chains))
         if total(chains) <= SMALL_WEIGHTS:
