@@ -178,6 +178,37 @@ def test_graph_passes_fold_batchnorm_and_tasks_carry_weights(target):
     assert tasks[0].flops * tasks[0].weight == max(t.flops * t.weight for t in tasks)
 
 
+
+def test_convolutions_short_of_whole_vectors_run_padded_with_their_epilogues_fused(target):
+    """24- and 40-channel convs (MobileNetV2's projections) compute 32 and 48 channels with zero
+    weights on AVX-512 lanes, each one kernel with its bias, residual and ReLU6, and match PyTorch."""
+    import torch
+    import torch.nn.functional as F
+    from adaptune.model.graph import fuse, pad_output_channels
+
+    class Narrow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p, self.q = torch.nn.Conv2d(16, 24, 1), torch.nn.Conv2d(24, 24, 1)
+            self.r, self.s = torch.nn.Conv2d(24, 40, 3, padding=1), torch.nn.Conv2d(40, 32, 1)
+
+        def forward(self, x):
+            y = self.p(x)
+            return self.s(F.relu6(self.r(self.q(y) + y)))
+
+    torch.manual_seed(0)
+    m = load_model(Narrow().eval(), input_shape=(1, 16, 10, 10))
+    fused = fuse(pad_output_channels(optimise(m.mod), lanes=16), target)
+    kernels = {k.removeprefix("kernel:") for k in op_counts(fused) if k.startswith("kernel:")}
+    padded = {k.split("_", 3)[-1]: k for k in kernels if "conv2d_padded" in k}      # epilogue -> kernel
+    assert set(padded) == {"add1", "add_add11", "add2_maximum_minimum1"}    # bias; + residual; + ReLU6
+    assert not any("strided_slice" in k for k in kernels)                   # no slice kernel of its own
+    assert sum("conv2d" in k and "padded" not in k for k in kernels) == 1   # 40 -> 32: whole vectors already
+    assert {e: int(fused[k].params[1].shape[0]) for e, k in padded.items()} == \
+        {"add1": 32, "add_add11": 32, "add2_maximum_minimum1": 48}          # the zero-padded weights
+    assert C.check(tvm.compile(fused, target=target), m) < 1e-5
+
+
 def test_scheduler_warms_up_every_task_then_follows_time_share_per_trial():
     ts = [TaskSummary("a", 1, 1e9, 1.0, best=0.5, trials=8), TaskSummary("b", 4, 1e9, 1.0, trials=0)]
     assert next_task(ts) == 1                              # untried task first

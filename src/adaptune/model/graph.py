@@ -240,13 +240,70 @@ def optimise(mod) -> "tvm.IRModule":
     return relax.transform.FoldConstant()(nhwc)
 
 
+#: a convolution's output channels are padded to whole vectors only where that adds at most this share of work
+PAD_CHANNELS_MAX = 4 / 3
+
+
+def pad_output_channels(mod, lanes: int) -> "tvm.IRModule":
+    """Each NHWC convolution (constant OHWI weight, one group) whose output channels are not a whole
+    number of ``lanes``-wide vectors computes them padded to the next multiple with zero weights, and
+    its kernel keeps the real channels (a slice fused as its epilogue, before the bias, residual and
+    activation that Relax then fuses behind it), where that adds at most ``PAD_CHANNELS_MAX`` of work.
+
+    MobileNetV2's 24-channel projections on AVX-512: no register tile covers 24 lanes well (a zmm and
+    a ymm, or three half-zmm blocks each loading its broadcast input again), and the tuned 144->24
+    kernel ran at 89 GFLOPS where 144->32 runs at 193 (docs/decisions.md, session 63).  The padded
+    kernel is one PrimFunc marked output-elementwise fusable, as Relax's own conv2d is."""
+    from tvm import te, topi
+    import numpy as np
+
+    @relax.expr_functor.mutator
+    class _Pad(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+                return call
+            a, w = call.attrs, call.args[1]
+            if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NHWC", "OHWI", "NHWC") or \
+                    int(a.groups) != 1 or not isinstance(w, tvm.ir.expr.Constant) or str(w.ty.dtype) != "float32":
+                return call
+            co = int(w.ty.shape[0])
+            padded = -(-co // lanes) * lanes
+            if padded == co or padded > PAD_CHANNELS_MAX * co:
+                return call
+            wn = w.value.numpy()
+            wp = np.zeros((padded, *wn.shape[1:]), wn.dtype)
+            wp[:co] = wn
+            ints = lambda xs: [int(x) for x in xs]                  # noqa: E731
+
+            def padded_conv(x, filt):
+                y = topi.nn.conv(x, filt, stride=ints(a.strides), padding=ints(a.padding), dilation=ints(a.dilation),
+                                 groups=1, data_layout="NHWC", kernel_layout="OHWI")
+                return te.compute((*y.shape[:3], co), lambda n, h, w_, c: y[n, h, w_, c], name="T_strided_slice")
+            out = self.builder_.call_te(padded_conv, call.args[0], relax.const(wp), primfunc_name_hint="conv2d_padded")
+            gv = out.args[0]
+            self.builder_.update_func(gv, self.builder_.get()[gv].with_attr("op_pattern", 4))  # kOutEWiseFusable
+            return out
+
+    mutator = _Pad(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
 def fuse(mod, target) -> "tvm.IRModule":
     """Relax's legalise + fuse pipeline, then weights marked layout-free (the tasks are these PrimFuncs).
 
     ``exp``, ``erf``, ``tanh`` and ``softmax`` first become TVM's fast versions (``FastMathTransform``:
     polynomials LLVM vectorises, ~1e-7 relative error; the libm calls they replace run one element
     at a time: BERT's softmax 0.64 -> 0.24 ms untuned).  After ``library.offload``, so oneDNN's
-    post-ops still see the plain ops."""
+    post-ops still see the plain ops.  On x86, convolutions with output channels short of whole
+    vectors are padded first (``pad_output_channels``)."""
+    from ..search.expert import x86_lanes
+    lanes = x86_lanes(target)
+    if lanes:
+        mod = pad_output_channels(mod, lanes)
     with target, tvm.transform.PassContext(opt_level=3):
         mod = relax.get_pipeline("zero")(relax.transform.FastMathTransform()(mod))
         return relax.transform.AttachAttrLayoutFreeBuffers()(mod)

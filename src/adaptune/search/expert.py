@@ -55,6 +55,14 @@ def vector_isa(target) -> tuple[int, int]:
     return 4, 16
 
 
+def x86_lanes(target) -> int | None:
+    """float32 lanes of an x86 CPU target's vectors (``vector_isa``); None for any other target."""
+    triple = str(target.attrs.get("mtriple", "")) or platform.machine()
+    if target.kind.name != "llvm" or not any(x in triple for x in ("x86", "AMD64", "i686")):
+        return None
+    return vector_isa(target)[0]
+
+
 def _iter_types(sch, block) -> list[int]:
     return [int(iv.iter_type) for iv in sch.get(block).iter_vars]
 
@@ -193,8 +201,7 @@ def covers(mod, target) -> bool:
     NHWC convolution or matmul with an output-channel extent a multiple of 8, and weights marked
     layout-free (``layout_free_buffers``, as Relax marks a model's), so they are packed to the
     vector block once; unpacked, every vector load would be a gather."""
-    triple = str(target.attrs.get("mtriple", "")) or platform.machine()
-    if target.kind.name != "llvm" or not any(x in triple for x in ("x86", "AMD64", "i686")):
+    if x86_lanes(target) is None:
         return False
     if not (mod["main"].attrs or {}).get("layout_free_buffers"):
         return False
