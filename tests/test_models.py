@@ -178,7 +178,6 @@ def test_graph_passes_fold_batchnorm_and_tasks_carry_weights(target):
     assert tasks[0].flops * tasks[0].weight == max(t.flops * t.weight for t in tasks)
 
 
-
 def test_convolutions_short_of_whole_vectors_run_padded_with_their_epilogues_fused(target):
     """24- and 40-channel convs (MobileNetV2's projections) compute 32 and 48 channels with zero
     weights on AVX-512 lanes, each one kernel with its bias, residual and ReLU6, and match PyTorch."""
