@@ -128,10 +128,24 @@ def test_an_incumbent_keeps_its_crown_against_a_challenger_lucky_only_alone():
 
     best = Incumbent(rounds=7)
     best.crown(kernel(1.0), 0.010)
-    assert best.challenge(kernel(1.2)) == (pytest.approx(0.012), pytest.approx(1.2))
+    assert best.challenge(kernel(1.2)) == (pytest.approx(0.012), pytest.approx(1.2), 0.010)
     assert best.latency == 0.010
-    assert best.challenge(kernel(0.8)) == (pytest.approx(0.008), pytest.approx(0.8))
+    assert best.challenge(kernel(0.8)) == (pytest.approx(0.008), pytest.approx(0.8), 0.010)
     assert best.latency == pytest.approx(0.008) and len(clock) == 28
+
+
+def test_a_first_record_taken_in_a_slow_phase_does_not_set_the_scale_of_the_next_best():
+    """The incumbent was recorded at 2 ms, one measurement in a slow phase; beside challengers it
+    samples 1 ms.  A 1.2x slower challenger is estimated above the record (2.4 ms, not crowned); a
+    0.8x one is crowned at 0.8 ms, the ratio times the incumbent's samples, not 1.6 ms."""
+    from adaptune.measure.paired import Incumbent
+
+    best = Incumbent(rounds=5)
+    best.crown(lambda: 1e-3, 2e-3)
+    assert best.challenge(lambda: 1.2e-3) == (pytest.approx(2.4e-3), pytest.approx(1.2), 2e-3)
+    assert best.latency == 2e-3
+    assert best.challenge(lambda: 0.8e-3) == (pytest.approx(0.8e-3), pytest.approx(0.8), pytest.approx(1e-3))
+    assert best.latency == pytest.approx(0.8e-3) and best.samples == [0.8e-3] * 5
 
 
 class _Faked(Measurer):
@@ -157,16 +171,18 @@ def _lucky(k):
 
 
 def _falling(k):
-    """Every kernel at half the last one's time: each is a would-be new best."""
-    return 1e-3 / 2 ** (k + 1)
+    """Every kernel at half the last one's time, from below any real kernel's: each is a would-be new best."""
+    return 1e-8 / 2 ** (k + 1)
 
 
 @pytest.mark.slow
 def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_path, target, monkeypatch, caplog):
     """Every would-be best after the first is re-timed beside the incumbent (also after a resume,
     where the incumbent is built again) and recorded at the incumbent's latency times their
-    paired ratio, not at its lucky single measurement.  A resumed best that cannot be built again
-    is tried once; the next best is then kept as measured and becomes the incumbent."""
+    paired ratio, not at its lucky single measurement; the first record's 1 s, far above what the
+    kernels sample, does not scale the records after the first crowned one.  A resumed best that
+    cannot be built again is tried once; the next best is then kept as measured and becomes the
+    incumbent."""
     from adaptune.tuner import TaskTuner
 
     measurer = _Faked(target, _lucky)
@@ -181,11 +197,12 @@ def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_p
     assert len(recs) >= 6 and recs[0]["message"] == "" and recs[0]["run_secs"] == [1.0]
     best = 1.0
     for r in recs[1:]:
-        ratio = float(re.fullmatch(r"paired with the best so far: ([\d.e+-]+)x its time \(measured alone: 0 ms\)",
-                                   r["message"]).group(1))
-        assert r["run_secs"][0] == pytest.approx(best * ratio, rel=1e-3) and r["run_secs"][0] > 0
+        ratio, scale = (float(x) for x in re.fullmatch(
+            r"paired with the best so far: ([\d.e+-]+)x its ([\d.e+-]+) ms \(measured alone: 0 ms\)", r["message"]).groups())
+        assert r["run_secs"][0] == pytest.approx(scale / 1e3 * ratio, rel=1e-3) and r["run_secs"][0] > 0
+        assert scale / 1e3 == pytest.approx(best, rel=1e-3) if ratio >= 1 else scale / 1e3 <= best * (1 + 1e-3)
         best = min(best, r["run_secs"][0])
-    assert res.best_latency == pytest.approx(best, rel=1e-3)
+    assert res.best_latency == pytest.approx(best, rel=1e-3) and best < 0.01
 
     loads = []
 
@@ -202,7 +219,7 @@ def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_p
         measurer.close()
     after = [r for r in _records(tmp_path) if r["error"] == "ok"][-3:]
     assert loads == [1] and "the resumed best could not be timed again" in caplog.text
-    assert after[0]["run_secs"] == [5e-4] and after[0]["message"] == ""
+    assert after[0]["run_secs"] == [5e-9] and after[0]["message"] == ""
     assert all(r["message"].startswith("paired with the best so far") for r in after[1:])
 
 

@@ -150,7 +150,8 @@ class TaskTuner:
 
     def _confirmed(self, sch, res: MeasureResult) -> MeasureResult:
         """A would-be new best timed again beside the incumbent, alternately; recorded at the
-        incumbent's latency times their paired ratio (the measurement alone is in its message)."""
+        incumbent's latency times their paired ratio (``Incumbent.challenge``; the latency scaled and
+        the measurement alone are in its message)."""
         best = self.state.best_latency
         if self.incumbent is None or not res.ok or res.artifact is None or (best is not None and res.latency >= best):
             return res
@@ -166,12 +167,12 @@ class TaskTuner:
             if self.incumbent.sample is None:
                 self.incumbent.crown(sample, res.latency)
                 return res
-            estimate, ratio = self.incumbent.challenge(sample)
+            estimate, ratio, scale = self.incumbent.challenge(sample)
         except Exception as e:  # noqa: BLE001 - a kernel that cannot be re-timed keeps its measurement
             log.warning("%s: a new best could not be timed beside the incumbent (%s: %s); kept as measured",
                         self.label, type(e).__name__, e)
             return res
-        return MeasureResult(OK, [estimate], f"paired with the best so far: {ratio:.4g}x its time "
+        return MeasureResult(OK, [estimate], f"paired with the best so far: {ratio:.4g}x its {scale * 1e3:.4g} ms "
                                              f"(measured alone: {res.latency * 1e3:.4g} ms)")
 
     def _load_incumbent(self) -> None:

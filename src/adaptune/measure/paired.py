@@ -6,7 +6,11 @@ seconds, the fastest of hundreds of such records is the luckiest rather than the
 (docs/decisions.md, session 56: a 256-trial best that lost to the 64-trial one).  So a candidate
 measured faster than the incumbent is timed again beside it, alternately (``ROUNDS`` short samples
 each), and its latency becomes the incumbent's times the median of their paired ratios: a phase
-slows both sides of a pair alike.  It replaces the incumbent only if that estimate is lower.
+slows both sides of a pair alike.  It replaces the incumbent only if it is faster in the pairs.
+The incumbent's latency it is scaled by is the incumbent's record or, where lower, the median of
+every sample taken of it beside challengers: a task's first record is one measurement, and one taken
+in a slow phase (ResNet-50's F(2x2) GEMM: 1.03 ms, its kernel 0.45 ms alone; docs/decisions.md,
+session 64) would otherwise set the scale of every later record of the task.
 """
 from __future__ import annotations
 
@@ -76,18 +80,26 @@ class Incumbent:
     def __init__(self, rounds: int = ROUNDS):
         self.rounds = rounds
         self.sample = None          # the incumbent's sampler (None until one is known)
-        self.latency: float | None = None
+        self.latency: float | None = None       # its recorded latency
+        self.samples: list[float] = []          # its samples beside challengers, while it reigns
         self.lost = False           # a resumed best that could not be loaded again (tried once)
 
-    def crown(self, sample, latency: float) -> None:
-        self.sample, self.latency = sample, latency
+    def crown(self, sample, latency: float, samples=()) -> None:
+        self.sample, self.latency, self.samples = sample, latency, list(samples)
 
-    def challenge(self, sample) -> tuple[float, float]:
-        """(the challenger's estimated latency, its paired ratio to the incumbent); the challenger
-        is crowned when the estimate is below the incumbent's latency."""
+    def anchor(self) -> float:
+        """The latency a crowned challenger's paired ratio scales: the record, or the median of the
+        incumbent's samples beside challengers where that is lower (module doc)."""
+        return min(self.latency, float(np.median(self.samples))) if self.samples else self.latency
+
+    def challenge(self, sample) -> tuple[float, float, float]:
+        """(the challenger's estimated latency, its paired ratio to the incumbent, the latency that
+        ratio scaled).  A challenger faster in the pairs is crowned at ``anchor()`` times its ratio,
+        below the incumbent's record; a slower one is estimated at the record times its ratio, above it."""
         times = sample_alternately({"incumbent": self.sample, "challenger": sample}, self.rounds)
         ratio = paired_ratio(times["challenger"], times["incumbent"])
-        estimate = self.latency * ratio
-        if estimate < self.latency:
-            self.crown(sample, estimate)
-        return estimate, ratio
+        self.samples += times["incumbent"]
+        scale = self.anchor() if ratio < 1 else self.latency
+        if ratio < 1:
+            self.crown(sample, scale * ratio, times["challenger"])
+        return scale * ratio, ratio, scale
