@@ -91,6 +91,19 @@ def test_model_files_load_or_fail_with_a_model_error(tmp_path_factory, data):
         assert str(e) and "\n" not in str(e)
 
 
+def test_an_onnx_weight_that_does_not_fill_its_shape_is_a_malformed_file(tmp_path):
+    """Hypothesis once flipped the byte that holds the first weight's third dimension: ONNX's checker
+    passes such a file, and its weights failed to decode in a graph pass, as a traceback."""
+    import onnx
+    from test_models import _onnx_model
+    proto = _onnx_model()
+    del proto.graph.initializer[0].dims[1:]            # W: 216 floats, now said to be 8
+    path = tmp_path / "damaged.onnx"
+    onnx.save(proto, str(path))
+    with pytest.raises(ModelError, match=r"malformed ONNX file .*tensor 'W' does not decode"):
+        load_model(str(path))
+
+
 def test_fuzz_helpers_really_reject(capsys):
     """The harness itself: a known-bad command is caught as exit 2 with one line."""
     assert cli.main(["tune-op", "--trials", "0"]) == 2

@@ -97,12 +97,26 @@ def _failing_node(exc):
     return node
 
 
+def _decode_constants(proto) -> None:
+    """Decode every initializer and ``Constant`` tensor once: ONNX's checker does not, and a tensor
+    whose data does not fill its shape (a damaged file) would otherwise fail deep in a graph pass."""
+    from onnx import numpy_helper
+    tensors = [*proto.graph.initializer, *(a.t for n in proto.graph.node if n.op_type == "Constant"
+                                           for a in n.attribute if a.name == "value")]
+    for t in tensors:
+        try:
+            numpy_helper.to_array(t)
+        except Exception as e:      # noqa: BLE001 - any decoding error is a damaged tensor
+            raise ValueError(f"tensor {t.name!r} does not decode ({one_line(e)})") from None
+
+
 def from_onnx(path: Path, input_shape, inputs=None) -> Model:
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
     try:
         proto = onnx.load(str(path))
         onnx.checker.check_model(proto)
+        _decode_constants(proto)
     except Exception as e:
         msg = " ".join(str(e).split())[:200] or type(e).__name__
         raise ModelError(f"malformed ONNX file {path}: {msg}") from None
