@@ -99,7 +99,8 @@ class Incumbent:
         times = sample_alternately({"incumbent": self.sample, "challenger": sample}, self.rounds)
         ratio = paired_ratio(times["challenger"], times["incumbent"])
         self.samples += times["incumbent"]
-        scale = self.anchor() if ratio < 1 else self.latency
-        if ratio < 1:
-            self.crown(sample, scale * ratio, times["challenger"])
+        if ratio >= 1:
+            return self.latency * ratio, ratio, self.latency
+        scale = self.anchor()
+        self.crown(sample, scale * ratio, times["challenger"])
         return scale * ratio, ratio, scale

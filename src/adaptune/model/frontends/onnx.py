@@ -48,9 +48,11 @@ def _clip_as_max_min(proto):
     ``maximum``/``minimum``.  (onnxslim and onnxscript have no such rewrite.)"""
     import onnx
     from onnx import helper, numpy_helper
-    consts = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    wanted = {b for n in proto.graph.node if n.op_type == "Clip" for b in n.input[1:3] if b}   # decode only bounds
+    consts = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer if i.name in wanted}
     consts.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in proto.graph.node
-                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
+                   and n.output[0] in wanted})
     nodes, extra = [], []
     for k, n in enumerate(proto.graph.node):
         bounds = list(n.input[1:3]) + [""] * (3 - len(n.input))
