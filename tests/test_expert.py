@@ -46,6 +46,36 @@ def test_every_expert_design_space_builds_and_computes_the_right_result(spec, ta
             assert ok, f"{spec}, design space {s}: max rel. error {err:.2e}"
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_depthwise_separable_kernel_computes_its_depthwise_rows_inside_the_pointwise_tile(stride, target):
+    """``graph.fuse_separable``'s kernel (dw + bias + ReLU6 -> 1x1): every expert design space builds
+    and computes what the untuned kernel does, with one parallel loop and the depthwise block inside it."""
+    import torch
+    from adaptune.measure.verify import KernelChecker
+    from adaptune.model.frontends import load_model
+    from adaptune.model.graph import extract_tasks, optimise
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, stride, 1, groups=32), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(32, 48, 1))
+    tasks, _ = extract_tasks(optimise(load_model(block.eval(), input_shape=(1, 32, 16, 16)).mod), target)
+    (task,) = [t for t in tasks if "separable" in t.name]
+    assert covers(task.mod, target)
+    space = KnobSpace(task.mod, target, seed=1, spaces="expert")
+    assert len(space.traces) == len(vector_blocks(48, vector_isa(target)[0]))
+    checker, rng = KernelChecker(task.mod, target), np.random.default_rng(0)
+    for s in range(len(space.traces)):
+        configs = space.random(2, rng)
+        configs[:, 0] = s
+        for sch, why, _ in space.decode_many(configs):
+            assert sch is not None, why
+            script = str(sch.mod["main"])
+            assert script.count("T.parallel") == 1
+            assert script.index("T.parallel") < script.index('T.sblock("group_conv2d_nhwc')
+            ok, why = checker.check(sch.mod)
+            assert ok, f"design space {s}: {why}"
+
+
 @pytest.mark.parametrize("spec,stationary", [("conv2d_nhwc:1,64,4,6,48,3,3,1,1", True),
                                              ("conv2d_nhwc:1,96,3,3,64,1,1,1,0", True),
                                              ("conv2d_nhwc:1,16,14,14,16,3,3,1,1", False),

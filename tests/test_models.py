@@ -208,6 +208,45 @@ def test_convolutions_short_of_whole_vectors_run_padded_with_their_epilogues_fus
     assert C.check(tvm.compile(fused, target=target), m) < 1e-5
 
 
+def test_a_depthwise_convolution_and_the_pointwise_one_it_feeds_only_are_one_kernel(target):
+    """dw + BatchNorm + ReLU6 -> 1x1 (24 channels, padded to 32) is one kernel; a depthwise conv whose
+    channels are not whole vectors, one whose output is read twice, one feeding a 3x3 conv and one
+    feeding a 1x1 conv with more output channels than pixels stay apart; the module computes what
+    PyTorch does."""
+    import torch
+    import torch.nn.functional as F
+    from adaptune.model.graph import fuse
+
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw1, self.bn = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.BatchNorm2d(32)
+            self.pw1 = torch.nn.Conv2d(32, 24, 1)
+            self.dw2, self.pw2 = torch.nn.Conv2d(24, 24, 3, padding=1, groups=24), torch.nn.Conv2d(24, 24, 1)
+            self.dw3, self.c3 = torch.nn.Conv2d(32, 32, 3, 2, 1, groups=32), torch.nn.Conv2d(32, 24, 3, 2, 1)
+            self.dw4, self.pw4 = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.Conv2d(32, 24, 1)
+            self.dw5, self.pw5 = torch.nn.Conv2d(32, 32, 3, 2, 1, groups=32), torch.nn.Conv2d(32, 32, 1)  # 25 pixels
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+        def forward(self, x):
+            y = self.pw1(F.relu6(self.bn(self.dw1(x))))
+            y = y + self.pw2(F.relu(self.dw2(y)))
+            d = F.relu(self.dw4(x))
+            wide = self.pw5(F.relu6(self.dw5(x))).mean()
+            return y + self.c3(F.relu(self.dw3(x))).mean() + self.pw4(d) + d[:, :24] + wide
+
+    torch.manual_seed(0)
+    m = load_model(Blocks().eval(), input_shape=(1, 32, 10, 10))
+    fused = fuse(optimise(m.mod), target)
+    kernels = {k.removeprefix("kernel:") for k in op_counts(fused) if k.startswith("kernel:")}
+    separable = [k for k in kernels if "separable_conv2d" in k]
+    assert len(separable) == 1
+    assert [int(p.shape[0]) for p in fused[separable[0]].params[1:3]] == [32, 32]   # dw weight, padded 1x1
+    assert sum("conv2d" in k and "separable" not in k for k in kernels) == 8      # dw2-5, pw2, c3, pw4, pw5
+    assert C.check(tvm.compile(fused, target=target), m) < 1e-5
+
+
 def test_scheduler_warms_up_every_task_then_follows_time_share_per_trial():
     ts = [TaskSummary("a", 1, 1e9, 1.0, best=0.5, trials=8), TaskSummary("b", 4, 1e9, 1.0, trials=0)]
     assert next_task(ts) == 1                              # untried task first

@@ -16,7 +16,10 @@ same with ``ci`` of extent 1 for depthwise, and ``out[.., i, j] += a[.., i, k] *
             acc[w_i, co_v] += in[...] * wt[...]
       epilogue (bias, residual, activation) on the acc block, then stored
 
-so a ``w_i x co_v`` block of the output stays in vector registers for the whole reduction.  Each
+so a ``w_i x co_v`` block of the output stays in vector registers for the whole reduction.  A
+depthwise-separable kernel (``graph.fuse_separable``: a depthwise convolution feeding a 1x1 one) is
+the 1x1 micro-kernel with the depthwise rows of each parallel tile computed inside it, just before
+the channel blocks that read them (``_depthwise_at``).  Each
 vector block is its own design space, with the register blocks that fit the register file beside
 it (32 zmm with AVX-512, 16 ymm with AVX2), so no point of the space spills.  The weights are
 packed to the loop order by MetaSchedule's ``RewriteLayout`` (buffers marked layout-free, as
@@ -68,9 +71,13 @@ def _iter_types(sch, block) -> list[int]:
 
 
 def _reduction_block(sch):
-    """The template's reduction block in the function, or None if there is none it covers."""
+    """The template's reduction block in the function, or None if there is none it covers: its one
+    convolution or matmul, or the pointwise convolution of a depthwise-separable pair
+    (``separable_producer``)."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reductions = [b for b in blocks if 2 in _iter_types(sch, b)]
+    if len(reductions) == 2 and separable_producer(sch, reductions[1]) is not None:
+        return reductions[1]
     if len(reductions) != 1:
         return None
     block = reductions[0]
@@ -82,6 +89,58 @@ def _reduction_block(sch):
         k = kinds.index(2)
         return block if k >= 2 and kinds[k:] == [2] and set(kinds[:k]) == {0} else None
     return None
+
+
+def _loop_extents(sch, block) -> list[int]:
+    return [int(sch.get(loop).extent) for loop in sch.get_loops(block)]
+
+
+def separable_producer(sch, block):
+    """(depthwise block, the elementwise blocks from it to ``block``) where ``block`` is a 1x1
+    stride-1 NHWC convolution that reads a depthwise convolution through elementwise blocks only
+    (``graph.fuse_separable``'s kernels), else None."""
+    conv = [0, 0, 0, 0, 2, 2, 2]
+    if sch.get(block).name_hint != "conv2d_nhwc" or _iter_types(sch, block) != conv or \
+            _loop_extents(sch, block)[4:6] != [1, 1]:
+        return None
+    chain, b = [], block
+    while True:
+        producers = sch.get_producers(b)
+        if len(producers) != 1:
+            return None
+        b = producers[0]
+        if 2 in _iter_types(sch, b):
+            break
+        chain.append(b)
+    if not chain or sch.get(b).name_hint not in CONV_BLOCKS or _iter_types(sch, b) != conv or \
+            _loop_extents(sch, b)[6] != 1 or _loop_extents(sch, b)[:3] != _loop_extents(sch, block)[:3]:
+        return None
+    return b, chain[::-1]
+
+
+def _depthwise_at(sch, loop, depthwise, chain, lanes: int) -> None:
+    """Compute a separable pair's depthwise rows under ``loop`` (the pointwise kernel's parallel
+    tile): each ``lanes``-channel slice of the tile's pixels in registers over the taps (the taps'
+    weight vector reused across the pixels), its bias and activation applied, into a stack buffer
+    that the pointwise micro-kernel reads; the padding inlined as for a lone depthwise kernel."""
+    for b in [*sch.get_producers(depthwise), *chain[:-1]]:
+        sch.compute_inline(b)
+    act = chain[-1]
+    sch.set_scope(act, 0, "local")
+    sch.compute_at(act, loop, preserve_unit_loops=True)
+    pixels, channels = sch.get_loops(act)[-2:]
+    c_o, c_v = sch.split(channels, [None, lanes])
+    sch.reorder(c_o, pixels, c_v)
+    sch.set_scope(depthwise, 0, "local")
+    sch.compute_at(depthwise, c_o, preserve_unit_loops=True)
+    d_pixels, d_channels, *taps = sch.get_loops(depthwise)[-5:]
+    sch.reorder(*taps, d_pixels, d_channels)
+    sch.unroll(d_pixels)
+    sch.vectorize(d_channels)
+    init = sch.decompose_reduction(depthwise, taps[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.unroll(pixels)
+    sch.vectorize(c_v)
 
 
 def weights_stationary(sch, block) -> bool:
@@ -132,8 +191,9 @@ def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_
     block = _reduction_block(sch)
     if block is None:
         raise ValueError("no NHWC convolution or matmul block")
-    stationary = weights_stationary(sch, block)
-    for producer in sch.get_producers(block):
+    separable = separable_producer(sch, block)
+    stationary = separable is None and weights_stationary(sch, block)
+    for producer in [] if separable else sch.get_producers(block):
         if _is_padding(sch, producer) and not inline_pad:
             loops = sch.get_loops(producer)
             sch.parallel(sch.fuse(*loops[:-2]))
@@ -172,7 +232,12 @@ def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_
     sch.reorder(*tiles, red_o, *red[:-1], red_i, reg_i, col_v)
     sch.reverse_compute_at(last, tiles[-1], preserve_unit_loops=True)
     sch.vectorize(sch.get_loops(last)[-1])
-    sch.parallel(sch.fuse(*tiles))
+    if separable:               # the channel blocks inside the parallel tile: its depthwise rows computed once
+        tile = sch.fuse(*tiles[:-1])
+        sch.parallel(tile)
+        _depthwise_at(sch, tile, *separable, lanes)
+    else:
+        sch.parallel(sch.fuse(*tiles))
     sch.unroll(reg_i)
     sch.vectorize(col_v)
     init = sch.decompose_reduction(block, red_o)
