@@ -17,7 +17,7 @@ same with ``ci`` of extent 1 for depthwise, and ``out[.., i, j] += a[.., i, k] *
       epilogue (bias, residual, activation) on the acc block, then stored
 
 so a ``w_i x co_v`` block of the output stays in vector registers for the whole reduction.  A
-depthwise-separable kernel (``graph.fuse_separable``: a depthwise convolution feeding a 1x1 one) is
+depthwise-separable kernel (``kernel_rewrites.fuse_separable``: a depthwise convolution feeding a 1x1 one) is
 the 1x1 micro-kernel with the depthwise rows of each parallel tile computed inside it, just before
 the channel blocks that read them (``_depthwise_at``).  Each
 vector block is its own design space, with the register blocks that fit the register file beside
@@ -98,7 +98,7 @@ def _loop_extents(sch, block) -> list[int]:
 def separable_producer(sch, block):
     """(depthwise block, the elementwise blocks from it to ``block``) where ``block`` is a 1x1
     stride-1 NHWC convolution that reads a depthwise convolution through elementwise blocks only
-    (``graph.fuse_separable``'s kernels), else None."""
+    (``kernel_rewrites.fuse_separable``'s kernels), else None."""
     conv = [0, 0, 0, 0, 2, 2, 2]
     if sch.get(block).name_hint != "conv2d_nhwc" or _iter_types(sch, block) != conv or \
             _loop_extents(sch, block)[4:6] != [1, 1]:

@@ -1,0 +1,193 @@
+"""Kernel rewrites on the Relax graph before legalisation, for x86's vector width: output channels
+padded to whole vectors (``pad_output_channels``), and each depthwise convolution fused with the 1x1
+one it alone feeds (``fuse_separable``).  Each rewritten kernel is one ``call_te`` PrimFunc marked
+output-elementwise fusable, so Relax still fuses the bias, residual and activation behind it, and
+the expert template (``search/expert.py``) schedules it."""
+from __future__ import annotations
+
+from collections import Counter
+
+import tvm
+from tvm import relax
+
+
+#: a convolution's output channels are padded to whole vectors only where that adds at most this share of work
+PAD_CHANNELS_MAX = 4 / 3
+
+
+def padded_channels(co: int, lanes: int) -> int:
+    """``co`` rounded up to whole ``lanes``-wide vectors where that adds at most ``PAD_CHANNELS_MAX``
+    of work, else ``co``."""
+    padded = -(-co // lanes) * lanes
+    return co if padded > PAD_CHANNELS_MAX * co else padded
+
+
+def _conv_attrs(call):
+    """(strides, padding, dilation, groups) of a Relax NHWC/OHWI conv2d call with a constant float32
+    weight, or None for any other call."""
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+        return None
+    a, w = call.attrs, call.args[1]
+    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NHWC", "OHWI", "NHWC") or \
+            not isinstance(w, tvm.ir.expr.Constant) or str(w.ty.dtype) != "float32":
+        return None
+    ints = lambda xs: [int(x) for x in xs]                          # noqa: E731
+    return ints(a.strides), ints(a.padding), ints(a.dilation), int(a.groups)
+
+
+def _padded_weight(w, padded: int):
+    """An OHWI weight (numpy) with zero output channels added up to ``padded``."""
+    import numpy as np
+    wp = np.zeros((padded, *w.shape[1:]), w.dtype)
+    wp[:w.shape[0]] = w
+    return wp
+
+
+def _sliced(y, co: int):
+    """The first ``co`` channels of an NHWC tensor (the real ones of a padded convolution)."""
+    from tvm import te
+    return te.compute((*y.shape[:3], co), lambda n, h, w_, c: y[n, h, w_, c], name="T_strided_slice")
+
+
+#: elementwise ops that may sit between a depthwise convolution and the pointwise one it feeds:
+#: (op, whether its second argument is a constant it takes)
+SEPARABLE_EPILOGUE = {"relax.add": True, "relax.subtract": True, "relax.multiply": True, "relax.divide": True,
+                      "relax.maximum": True, "relax.minimum": True, "relax.nn.relu": False}
+
+
+def _output_kernel(builder, name: str, compute, *args):
+    """``compute`` on ``args`` as one PrimFunc marked output-elementwise fusable (as Relax's own
+    conv2d is), so Relax fuses the bias, residual and activation behind it."""
+    out = builder.call_te(compute, *args, primfunc_name_hint=name)
+    gv = out.args[0]
+    builder.update_func(gv, builder.get()[gv].with_attr("op_pattern", 4))  # kOutEWiseFusable
+    return out
+
+
+def pad_output_channels(mod, lanes: int) -> "tvm.IRModule":
+    """Each NHWC convolution (constant OHWI weight, one group) whose output channels are not a whole
+    number of ``lanes``-wide vectors computes them padded to the next multiple with zero weights, and
+    its kernel keeps the real channels (a slice fused as its epilogue, before the bias, residual and
+    activation that Relax then fuses behind it), where that adds at most ``PAD_CHANNELS_MAX`` of work.
+
+    MobileNetV2's 24-channel projections on AVX-512: no register tile covers 24 lanes well (a zmm and
+    a ymm, or three half-zmm blocks each loading its broadcast input again), and the tuned 144->24
+    kernel ran at 89 GFLOPS where 144->32 runs at 193 (docs/decisions.md, session 63)."""
+    from tvm import topi
+
+    @relax.expr_functor.mutator
+    class _Pad(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            attrs = _conv_attrs(call)
+            if attrs is None or attrs[3] != 1:
+                return call
+            strides, padding, dilation, _ = attrs
+            w = call.args[1].value.numpy()
+            co = w.shape[0]
+            padded = padded_channels(co, lanes)
+            if padded == co:
+                return call
+
+            def padded_conv(x, filt):
+                y = topi.nn.conv(x, filt, stride=strides, padding=padding, dilation=dilation,
+                                 groups=1, data_layout="NHWC", kernel_layout="OHWI")
+                return _sliced(y, co)
+            return _output_kernel(self.builder_, "conv2d_padded", padded_conv, call.args[0],
+                                  relax.const(_padded_weight(w, padded)))
+
+    return _mutate_each(mod, _Pad)
+
+
+def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
+    """Each depthwise convolution whose (bias, activation) output feeds a 1x1 convolution only
+    becomes one kernel with it (a depthwise-separable block's second half: MobileNetV2's depthwise
+    and projection), which the expert template schedules with the depthwise rows of each output tile
+    computed into registers and a stack buffer just before the pointwise micro-kernel reads them.
+
+    Apart, the depthwise output makes a round trip through memory (1.6-1.8 MB at MobileNetV2's
+    112x112x32 and 56x56x144, about L2's size); fused, each tile's rows stay in L1.  The pointwise output channels are padded as
+    ``pad_output_channels`` does.  The two stay apart where the depthwise channels are not whole
+    vectors, the ops between are other than ``SEPARABLE_EPILOGUE``, or the pointwise weight is larger
+    than the depthwise output (more output channels than pixels): each parallel tile would read the
+    whole weight again, where apart the pointwise kernel reads each weight block once
+    (MobileNetV2's 7x7 layers, 960x320 weights for 49 pixels: 0.135 ms fused, 0.108 apart)."""
+    from tvm import topi
+
+    uses = _uses(mod)
+
+    @relax.expr_functor.mutator
+    class _Separable(relax.PyExprMutator):
+        def _producer(self, expr):
+            """The call that computes ``expr`` where this kernel is its only reader, else None."""
+            return self.lookup_binding(expr) if isinstance(expr, relax.Var) and uses[expr] == 1 else None
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            attrs = _conv_attrs(call)
+            if attrs is None or attrs[3] != 1 or call.args[1].value.shape[1:3] != (1, 1) \
+                    or attrs[0] != [1, 1] or any(attrs[1]):
+                return call
+            epilogue, x = [], self._producer(call.args[0])
+            while isinstance(x, relax.Call) and isinstance(x.op, tvm.ir.Op) and x.op.name in SEPARABLE_EPILOGUE:
+                takes_const = SEPARABLE_EPILOGUE[x.op.name]
+                if takes_const and not isinstance(x.args[1], tvm.ir.expr.Constant):
+                    return call
+                epilogue.append((x.op.name, x.args[1] if takes_const else None))
+                x = self._producer(x.args[0])
+            dw = _conv_attrs(x)
+            if not epilogue or dw is None:
+                return call
+            strides, padding, dilation, groups = dw
+            channels = int(x.args[0].ty.shape[3])
+            if groups != channels or int(x.args[1].ty.shape[0]) != channels or channels % lanes:
+                return call
+            w = call.args[1].value.numpy()
+            co = w.shape[0]
+            if co > int(x.ty.shape[1]) * int(x.ty.shape[2]):
+                return call                     # the pointwise weight outweighs the depthwise output
+            padded = padded_channels(co, lanes)
+            ops = {"relax.add": topi.add, "relax.subtract": topi.subtract, "relax.multiply": topi.multiply,
+                   "relax.divide": topi.divide, "relax.maximum": topi.maximum, "relax.minimum": topi.minimum}
+
+            def separable(data, dw_filt, proj_filt, *consts):
+                y = topi.nn.conv(data, dw_filt, stride=strides, padding=padding, dilation=dilation,
+                                 groups=channels, data_layout="NHWC", kernel_layout="OHWI")
+                consts = list(consts)
+                for name, const in reversed(epilogue):
+                    y = topi.nn.relu(y) if const is None else ops[name](y, consts.pop(0))
+                y = topi.nn.conv(y, proj_filt, stride=1, padding=0, dilation=1, groups=1,
+                                 data_layout="NHWC", kernel_layout="OHWI")
+                return y if padded == co else _sliced(y, co)
+            consts = [c for _, c in reversed(epilogue) if c is not None]
+            proj = relax.const(w if padded == co else _padded_weight(w, padded))
+            return _output_kernel(self.builder_, "separable_conv2d", separable, x.args[0], x.args[1], proj, *consts)
+
+    return _mutate_each(mod, _Separable)
+
+
+def _uses(mod) -> Counter:
+    """How many times each variable of ``mod``'s Relax functions is read."""
+    counts = Counter()
+
+    @relax.expr_functor.visitor
+    class _Uses(relax.PyExprVisitor):
+        def visit_var_(self, var):
+            counts[var] += 1
+
+        def visit_dataflow_var_(self, var):
+            counts[var] += 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            _Uses().visit_expr(func)
+    return counts
+
+
+def _mutate_each(mod, mutator_class) -> "tvm.IRModule":
+    """``mod`` with ``mutator_class``'s rewrite applied to each Relax function, dead bindings removed."""
+    mutator = mutator_class(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(mutator.builder_.get())
