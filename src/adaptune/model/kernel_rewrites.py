@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, te, topi
 
 
 #: a convolution's output channels are padded to whole vectors only where that adds at most this share of work
@@ -37,7 +38,6 @@ def _conv_attrs(call):
 
 def _padded_weight(w, padded: int):
     """An OHWI weight (numpy) with zero output channels added up to ``padded``."""
-    import numpy as np
     wp = np.zeros((padded, *w.shape[1:]), w.dtype)
     wp[:w.shape[0]] = w
     return wp
@@ -45,14 +45,15 @@ def _padded_weight(w, padded: int):
 
 def _sliced(y, co: int):
     """The first ``co`` channels of an NHWC tensor (the real ones of a padded convolution)."""
-    from tvm import te
     return te.compute((*y.shape[:3], co), lambda n, h, w_, c: y[n, h, w_, c], name="T_strided_slice")
 
 
-#: elementwise ops that may sit between a depthwise convolution and the pointwise one it feeds:
-#: (op, whether its second argument is a constant it takes)
-SEPARABLE_EPILOGUE = {"relax.add": True, "relax.subtract": True, "relax.multiply": True, "relax.divide": True,
-                      "relax.maximum": True, "relax.minimum": True, "relax.nn.relu": False}
+#: elementwise ops that may sit between a depthwise convolution and the pointwise one it feeds, as
+#: TOPI computes them: binary ones take a constant second argument, ``relu`` none
+SEPARABLE_EPILOGUE = {"relax.add": topi.add, "relax.subtract": topi.subtract, "relax.multiply": topi.multiply,
+                      "relax.divide": topi.divide, "relax.maximum": topi.maximum, "relax.minimum": topi.minimum,
+                      "relax.nn.relu": topi.nn.relu}
+UNARY_EPILOGUE = ("relax.nn.relu",)
 
 
 def _output_kernel(builder, name: str, compute, *args):
@@ -73,7 +74,6 @@ def pad_output_channels(mod, lanes: int) -> "tvm.IRModule":
     MobileNetV2's 24-channel projections on AVX-512: no register tile covers 24 lanes well (a zmm and
     a ymm, or three half-zmm blocks each loading its broadcast input again), and the tuned 144->24
     kernel ran at 89 GFLOPS where 144->32 runs at 193 (docs/decisions.md, session 63)."""
-    from tvm import topi
 
     @relax.expr_functor.mutator
     class _Pad(relax.PyExprMutator):
@@ -113,8 +113,6 @@ def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
     each parallel tile would read the whole weight again, where apart the pointwise kernel reads each
     weight block once (MobileNetV2's 7x7 layers, 960x320 weights for 49 pixels: 0.135 ms fused,
     0.108 apart; docs/decisions.md, session 65)."""
-    from tvm import topi
-
     uses = _uses(mod)
 
     @relax.expr_functor.mutator
@@ -131,10 +129,10 @@ def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
                 return call
             epilogue, x = [], self._producer(call.args[0])
             while isinstance(x, relax.Call) and isinstance(x.op, tvm.ir.Op) and x.op.name in SEPARABLE_EPILOGUE:
-                takes_const = SEPARABLE_EPILOGUE[x.op.name]
-                if takes_const and not isinstance(x.args[1], tvm.ir.expr.Constant):
+                const = None if x.op.name in UNARY_EPILOGUE else x.args[1]
+                if const is not None and not isinstance(const, tvm.ir.expr.Constant):
                     return call
-                epilogue.append((x.op.name, x.args[1] if takes_const else None))
+                epilogue.append((SEPARABLE_EPILOGUE[x.op.name], const))
                 x = self._producer(x.args[0])
             dw = _conv_attrs(x)
             if not epilogue or dw is None:
@@ -148,15 +146,13 @@ def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
             if co > int(x.ty.shape[1]) * int(x.ty.shape[2]):
                 return call                     # the pointwise weight outweighs the depthwise output
             padded = padded_channels(co, lanes)
-            ops = {"relax.add": topi.add, "relax.subtract": topi.subtract, "relax.multiply": topi.multiply,
-                   "relax.divide": topi.divide, "relax.maximum": topi.maximum, "relax.minimum": topi.minimum}
 
             def separable(data, dw_filt, proj_filt, *consts):
                 y = topi.nn.conv(data, dw_filt, stride=strides, padding=padding, dilation=dilation,
                                  groups=channels, data_layout="NHWC", kernel_layout="OHWI")
                 consts = list(consts)
-                for name, const in reversed(epilogue):
-                    y = topi.nn.relu(y) if const is None else ops[name](y, consts.pop(0))
+                for op, const in reversed(epilogue):
+                    y = op(y) if const is None else op(y, consts.pop(0))
                 y = topi.nn.conv(y, proj_filt, stride=1, padding=0, dilation=1, groups=1,
                                  data_layout="NHWC", kernel_layout="OHWI")
                 return y if padded == co else _sliced(y, co)
