@@ -251,6 +251,35 @@ def test_a_depthwise_convolution_and_the_pointwise_one_it_feeds_only_are_one_ker
     assert C.check(tvm.compile(fused, target=target), m) < 1e-5
 
 
+def test_prepacked_weights_reach_the_kernel_calls_as_constants(target):
+    """Kernels whose tuned schedule re-lays out their weights (the expert space's packed weights) get
+    them pre-transformed at compile time; the VM passes them straight to each call rather than
+    building and unpacking a tuple of them per call, and the model computes what PyTorch does."""
+    import torch
+    from tvm.s_tir import meta_schedule as ms
+    from adaptune.search.expert import covers
+    from adaptune.search.space import KnobSpace
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(32, 48, 1))
+    m = load_model(block.eval(), input_shape=(1, 32, 8, 8))
+    tasks, _ = extract_tasks(optimise(m.mod), target)
+    db, rng = ms.database.MemoryDatabase(), np.random.default_rng(0)
+    for task in (t for t in tasks if covers(t.mod, target)):
+        space = KnobSpace(task.mod, target, seed=1, spaces="expert")
+        sch, why, _ = space.decode_many(space.random(1, rng))[0]
+        assert sch is not None, why
+        db.commit_tuning_record(ms.database.TuningRecord(          # a fixture record: nothing is timed here
+            sch.trace, db.commit_workload(task.mod), run_secs=[1e-3], target=target,
+            args_info=ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
+    lowered = C.lower_tuned(m, db, target)
+    assert sum("layout_rewrite" in str(f.attrs) or "prepacked" in gv.name_hint
+               for gv, f in lowered.functions_items()) >= 2          # both convolutions' weights packed
+    ex = C.build_tuned(m, db, target)
+    assert "vm.builtin.tuple_getitem" not in ex.as_text()
+    assert C.check(ex, m) < 1e-4
+
+
 def test_scheduler_warms_up_every_task_then_follows_time_share_per_trial():
     ts = [TaskSummary("a", 1, 1e9, 1.0, best=0.5, trials=8), TaskSummary("b", 4, 1e9, 1.0, trials=0)]
     assert next_task(ts) == 1                              # untried task first

