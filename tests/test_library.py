@@ -240,6 +240,32 @@ def test_a_chain_whose_residual_comes_first_finds_its_tuned_kernel(target):
     assert all(tvm_ffi.structural_hash(t.mod) in model_tasks for tasks in chains.values() for t in tasks)
 
 
+def test_chains_the_generated_build_runs_as_one_kernel_stay_generated_in_the_choice(target, empty_db):
+    """A depthwise conv and the 1x1 conv it alone feeds are one generated kernel (``fuse_separable``),
+    which the library has no fused call for: neither chain is a kernel of the model, so neither has
+    a record, and the per-chain choice keeps both generated (the race times that kernel), while an
+    untuned conv of its own goes to oneDNN."""
+    from adaptune.model.graph import op_counts
+    from adaptune.search.expert import x86_lanes
+    if not x86_lanes(target):
+        pytest.skip("the separable kernel is an x86 rewrite")
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(32, 32, 1)).eval()
+    m = load_model(block, input_shape=(1, 16, 8, 8))
+    choices = {c.op.label.split(" @")[0]: c for c in L.plan(optimise(m.mod), C.open_database(empty_db), target)}
+    assert sorted(choices) == ["conv2d 16->32 1x1 s1 p0", "conv2d 32->32 1x1 s1 p0", "conv2d 32->32 3x3 s1 p1 g32"]
+    expansion = choices.pop("conv2d 16->32 1x1 s1 p0")
+    assert expansion.own_kernel and expansion.generated_s is None and expansion.impl == "onednn"
+    assert all(not c.own_kernel and c.generated_s is None and c.impl == "generated" for c in choices.values())
+    ops = L.chosen(list(choices.values()) + [expansion])
+    assert list(ops.values()) == ["onednn"]
+    lowered = C.lower_tuned(m, C.open_database(empty_db), target, ops)
+    assert sum("separable_conv2d" in k for k in op_counts(lowered)) == 1
+    assert C.check(C.build_tuned(m, C.open_database(empty_db), target, ops), m) < 1e-4
+
+
 def test_a_chain_oneDNN_rejects_falls_back_to_the_generated_kernel_with_one_warning(
         block, target, empty_db, monkeypatch, capsys):
     real = L.LibraryOp.time

@@ -104,7 +104,8 @@ def _choice_table(best, gpu: bool = False) -> None:
             fastest = {"onednn": c.op.vendor(gpu), "winograd": "Winograd", "winograd-generated": "Winograd (gen.)",
                        "winograd-generated-f2": "F(2x2) (gen.)"}.get(c.impl, c.impl)
             table.add_row(c.op.label, str(c.calls), _ms(c.library_s), _ms(c.winograd_s), _ms(c.winograd_generated_s),
-                          _ms(c.winograd2_generated_s), _ms(c.generated_s), fastest)
+                          _ms(c.winograd2_generated_s), _ms(c.generated_s) if c.own_kernel else "in a larger kernel",
+                          fastest)
         console.print(table)
     console.print("whole model: " + ", ".join(f"{b.name} {_ms(b.seconds)}" for b in best.builds) +
                   f"  ->  keeps the {best.best.name} build")

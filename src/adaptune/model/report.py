@@ -131,7 +131,8 @@ def _library_table(choices) -> str:
         f"<tr><td>{esc(c['op'])}</td><td>{c['calls']}</td><td>{_opt_ms(c['library_ms'])}</td>"
         f"<td>{_opt_ms(c.get('winograd_ms'))}</td><td>{_opt_ms(c.get('winograd_generated_ms'))}</td>"
         f"<td>{_opt_ms(c.get('winograd2_generated_ms'))}</td>"
-        f"<td>{_opt_ms(c['generated_ms'])}</td><td>{esc(c['choice'])}</td></tr>" for c in choices)
+        f"<td>{_opt_ms(c['generated_ms']) if c.get('own_kernel', True) else 'in a larger kernel'}</td>"
+        f"<td>{esc(c['choice'])}</td></tr>" for c in choices)
     return ("<h2>Per chain: the library's fused call, Winograd or our tuned kernel</h2><table><tr><th>chain</th>"
             f"<th>calls</th><th>library ms</th><th>Winograd ms</th><th>Winograd, generated GEMMs, ms</th>"
             f"<th>F(2x2), generated GEMMs, ms</th>"

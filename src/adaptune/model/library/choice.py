@@ -31,6 +31,7 @@ class Choice:
     winograd_s: float | None = None     # Winograd F(4x4,3x3) (``winograd.py``); None: not applicable
     winograd_generated_s: float | None = None   # the same with its GEMMs generated; None: no tuned GEMM
     winograd2_generated_s: float | None = None  # F(2x2,3x3), GEMMs generated (``winograd.forms``); None: not offered
+    own_kernel: bool = True             # False: the generated build runs the chain inside a larger kernel
 
     @property
     def library_impl(self) -> str | None:
@@ -63,9 +64,11 @@ class Choice:
     @property
     def impl(self) -> str:
         """What the chain runs in the per-chain choice: "generated", "winograd-generated", "onednn"
-        or "winograd"."""
+        or "winograd".  A chain the generated build runs inside a larger kernel (a depthwise conv
+        and the 1x1 conv it feeds, ``kernel_rewrites.fuse_separable``) stays generated: that kernel
+        has no fused library counterpart, and the whole-model race times it."""
         lib, gen = self.library_impl, self.generated_impl
-        if lib is None:
+        if lib is None or not self.own_kernel:
             return gen
         lib_s = self.library_s if lib == "onednn" else self.winograd_s
         gen_s = self.generated_times.get(gen)
@@ -80,7 +83,7 @@ class Choice:
         return {"op": self.op.label, "calls": self.calls, "library_ms": ms(self.library_s),
                 "winograd_ms": ms(self.winograd_s), "winograd_generated_ms": ms(self.winograd_generated_s),
                 "winograd2_generated_ms": ms(self.winograd2_generated_s),
-                "generated_ms": ms(self.generated_s), "tasks": self.tasks,
+                "generated_ms": ms(self.generated_s), "tasks": self.tasks, "own_kernel": self.own_kernel,
                 "choice": self.impl}
 
 
@@ -139,12 +142,15 @@ def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None
 
 def plan(optimised, database, target, times: dict | None = None, library: bool = True) -> list[Choice]:
     """Time each chain's fused library call and Winograd with generated GEMMs, and look up its tuned
-    kernel (see module doc); without ``library``, only the generated paths.
+    kernel (see module doc); without ``library``, only the generated paths.  A chain whose kernels
+    are not the model's own (``Choice.own_kernel``) has no record: it stays generated.
 
     A library call that raises (a shape or attribute oneDNN does not take) is reported in one
     warning line and that chain stays generated.  ``times``: see ``library_time``."""
     from ...measure.run import latency
+    from ..graph import extract_tasks
     counts = find_ops(optimised)
+    kernels = {tvm_ffi.structural_hash(t.mod) for t in extract_tasks(optimised, target)[0]}
     choices = []
     for op, chain_mod, tasks in _chain_tasks(optimised, target):
         lats = []
@@ -158,7 +164,8 @@ def plan(optimised, database, target, times: dict | None = None, library: bool =
         wgen = {impl: library_time(op, impl, chain_mod, target, times, database) if database is not None else None
                 for impl in ("winograd-generated", "winograd-generated-f2")}
         choices.append(Choice(op, counts.get(op, 0), lib["onednn"], generated, [t.name for t in tasks],
-                              lib["winograd"], wgen["winograd-generated"], wgen["winograd-generated-f2"]))
+                              lib["winograd"], wgen["winograd-generated"], wgen["winograd-generated-f2"],
+                              own_kernel=all(tvm_ffi.structural_hash(t.mod) in kernels for t in tasks)))
     return choices
 
 
