@@ -426,3 +426,33 @@ def test_report_renders_in_headless_chromium(tuned, tmp_path):
     for t in res.tasks:
         assert t.name in dom
     assert "adaptune report" in dom
+
+
+def test_profile_runs_each_call_once_more_for_its_hot_time_and_never_a_vm_builtin():
+    """``timing.profile``'s hot runs execute every call a second time just before timing it (that
+    is what puts its data in cache), and leave the VM's builtins (allocations) alone."""
+    from tvm import relax
+    from adaptune.measure.pipeline import compile_module
+    from adaptune.model.timing import profile
+
+    runs = []
+
+    @tvm.register_global_func("adaptune.test.profile_counter", override=True)
+    def _counter(x):
+        runs.append(1)
+        return tvm.runtime.tensor(x.numpy() + 1.0)
+
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        y = bb.emit(relax.call_pure_packed("adaptune.test.profile_counter", x,
+                                           ty_args=relax.TensorType((4,), "float32")))
+        bb.emit_func_output(bb.emit(relax.op.add(y, y)))
+    ex = compile_module(bb.get(), tvm.target.Target({"kind": "llvm"}))
+    rows = {r["call"]: r for r in profile(ex, [np.zeros(4, "float32")], runs=3)}
+    # a warm-up run, three runs as the model runs, three hot runs calling it twice
+    assert len(runs) == 1 + 3 + 2 * 3
+    counter = rows["adaptune.test.profile_counter"]
+    assert counter["calls"] == 1 and counter["ms"] > 0 and counter["hot_ms"] > 0
+    assert any(k.startswith("vm.builtin") for k in rows)        # timed, and (the count above) not run twice
+    assert {"ms", "hot_ms", "group", "calls"} <= set(next(iter(rows.values())))
