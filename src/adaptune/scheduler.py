@@ -88,7 +88,7 @@ class ModelTuneResult:
     new_trials: int
     wall_time: float
     passes: dict = field(default_factory=dict)
-    library_times: dict = field(default_factory=dict)   # (LibraryOp, impl) -> s | None measured in this run
+    library_times: dict = field(default_factory=dict)   # (LibraryOp, impl) -> s | None measured in this run (see library_time)
 
     def estimated_latency(self, tuned: bool = True) -> float:
         """Sum over tasks of weight x kernel latency (the model's kernel time, without VM overhead)."""

@@ -113,12 +113,17 @@ def _time_winograd(op: LibraryOp, impl: str, chain_mod, target, database=None, r
 
 
 def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None = None,
-                 database=None) -> float | None:
+                 database=None, beat: float | None = None) -> float | None:
     """Seconds per call of the chain on ``impl`` ("onednn": the fused call; "winograd";
     "winograd-generated" and "winograd-generated-f2", whose GEMMs come from ``database``), or None
     where it does not apply or fails (one warning line: the chain keeps its other paths).
     ``times`` holds what this run measured already: tuning's ``task_floors`` and the build's
-    ``plan`` time each chain once between them."""
+    ``plan`` time each chain once between them.
+
+    ``beat``: the direct kernel's recorded time.  A Winograd form timed no faster gets one more
+    sample and keeps the faster of the two: a form judged slower is left out of every build the
+    whole-model race sees, so one transient slowdown of a shared machine must not decide it (the
+    race still times every build it does see)."""
     from .. import winograd
     times = {} if times is None else times
     if (op, impl) not in times:
@@ -137,6 +142,15 @@ def library_time(op: LibraryOp, impl: str, chain_mod, target, times: dict | None
             print(f"adaptune: warning: {name} cannot run {op.label} ({' '.join(str(e).split())[:120]}); "
                   f"using {rest}", file=sys.stderr)
             times[op, impl] = None
+    t = times[op, impl]
+    if beat is not None and impl != "onednn" and t is not None and t >= beat and (op, impl, "again") not in times:
+        times[op, impl, "again"] = True                  # sampled twice: not a third time
+        try:
+            with device_exclusive():
+                again = _time_winograd(op, impl, chain_mod, target, database)
+        except Exception:                                   # noqa: BLE001 - the first sample stands
+            again = None
+        times[op, impl] = min(t, again if again is not None else t)
     return times[op, impl]
 
 
@@ -161,8 +175,8 @@ def plan(optimised, database, target, times: dict | None = None, library: bool =
         generated = sum(lats) if len(lats) == len(tasks) and lats else None
         lib = {impl: library_time(op, impl, chain_mod, target, times) if library else None
                for impl in ("onednn", "winograd")}
-        wgen = {impl: library_time(op, impl, chain_mod, target, times, database) if database is not None else None
-                for impl in ("winograd-generated", "winograd-generated-f2")}
+        wgen = {impl: library_time(op, impl, chain_mod, target, times, database, beat=generated)
+                if database is not None else None for impl in ("winograd-generated", "winograd-generated-f2")}
         choices.append(Choice(op, counts.get(op, 0), lib["onednn"], generated, [t.name for t in tasks],
                               lib["winograd"], wgen["winograd-generated"], wgen["winograd-generated-f2"],
                               own_kernel=all(tvm_ffi.structural_hash(t.mod) in kernels for t in tasks)))
