@@ -182,6 +182,27 @@ def test_graph_passes_fold_batchnorm_and_tasks_carry_weights(target):
     assert tasks[0].flops * tasks[0].weight == max(t.flops * t.weight for t in tasks)
 
 
+def test_optimise_keeps_its_latest_results_by_module_and_builds_leave_them_unchanged(target, monkeypatch):
+    """A build race lowers one graph once per build: the passes run once per module object, a
+    second module (the same graph) gets its own run, and fusing and offloading the cached graph
+    (both rewrite through BlockBuilders) leave it as it was."""
+    from adaptune.model import graph
+    from adaptune.model.graph import fuse
+    from adaptune.model.library import find_ops, offload
+    runs = []
+    real = graph._optimise
+    monkeypatch.setattr(graph, "_optimise", lambda mod: runs.append(mod) or real(mod))
+    m = load_model("demo-cnn")
+    first = optimise(m.mod)
+    assert optimise(m.mod) is first and len(runs) == 1
+    other = load_model("demo-cnn").mod
+    assert optimise(other) is not first and len(runs) == 2
+    before = tvm_ffi.structural_hash(first)
+    fuse(first, target)
+    fuse(offload(first, {op: "onednn" for op in find_ops(first)}), target)
+    assert tvm_ffi.structural_hash(first) == before and optimise(m.mod) is first
+
+
 def test_convolutions_short_of_whole_vectors_run_padded_with_their_epilogues_fused(target):
     """24- and 40-channel convs (MobileNetV2's projections) compute 32 and 48 channels with zero
     weights on AVX-512 lanes, each one kernel with its bias, residual and ReLU6, and match PyTorch."""
