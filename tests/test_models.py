@@ -203,6 +203,41 @@ def test_optimise_keeps_its_latest_results_by_module_and_builds_leave_them_uncha
     assert tvm_ffi.structural_hash(first) == before and optimise(m.mod) is first
 
 
+def test_constants_fold_with_numpy_to_what_tvms_fold_constant_gives(monkeypatch):
+    """BatchNorm folding's arithmetic on constants is computed with numpy (TVM's FoldConstant
+    compiles each call): the module equals FoldConstant's, constants bit for bit, and with
+    FoldConstant turned into a no-op no constant arithmetic is left."""
+    import torch
+    from tvm import relax
+    from adaptune.model import graph
+
+    class ConvBN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.conv(x)))
+
+    torch.manual_seed(0)
+    m = load_model(ConvBN().eval(), input_shape=(1, 3, 8, 8))
+    mod = relax.transform.DecomposeOpsForInference()(relax.transform.FoldBatchnormToConv2D()(m.mod))
+    assert tvm_ffi.structural_equal(graph.fold_constants(mod), relax.transform.FoldConstant()(mod))
+
+    monkeypatch.setattr(relax.transform, "FoldConstant", lambda: (lambda module: module))
+    folded = graph.fold_constants(mod)
+    arithmetic = {"add", "subtract", "multiply", "divide", "sqrt"}
+    assert any(k in arithmetic for k in op_counts(mod))
+    bound = {b.var: b.value for blk in folded["main"].body.blocks for b in blk.bindings}
+    consts = lambda e: isinstance(bound.get(e, e), tvm.ir.expr.Constant)      # noqa: E731
+    left = [b.value.op.name for blk in folded["main"].body.blocks for b in blk.bindings
+            if isinstance(b.value, relax.Call) and b.value.op.name.removeprefix("relax.") in arithmetic
+            and all(consts(a) for a in b.value.args)]
+    assert not left
+
+
 def test_convolutions_short_of_whole_vectors_run_padded_with_their_epilogues_fused(target):
     """24- and 40-channel convs (MobileNetV2's projections) compute 32 and 48 channels with zero
     weights on AVX-512 lanes, each one kernel with its bias, residual and ReLU6, and match PyTorch."""

@@ -20,6 +20,8 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from .._tvm import ms
 from ..measure.target import is_cuda
 from .kernel_rewrites import fuse_separable, pad_output_channels
@@ -178,6 +180,56 @@ UNARY_ELEMENTWISE = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "re
                      "relax.nn.silu")
 
 
+_FOLD_UNARY = {"relax.sqrt": np.sqrt, "relax.negative": np.negative}
+_FOLD_BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
+                "relax.divide": np.divide}
+
+
+@relax.expr_functor.mutator
+class _NumpyFold(relax.PyExprMutator):
+    """Float arithmetic, reshapes and transposes of constants, computed with numpy."""
+
+    def _constant(self, expr):
+        if isinstance(expr, relax.Var):
+            expr = self.lookup_binding(expr)
+        if not isinstance(expr, tvm.ir.expr.Constant):
+            return None
+        value = expr.value                          # a 0-d constant's value is a Python scalar
+        return value.numpy() if hasattr(value, "numpy") else np.asarray(value, dtype=str(expr.ty.dtype))
+
+    def visit_call_(self, op):
+        call = self.visit_expr_post_order(op)
+        name = getattr(call.op, "name", None)
+        if name not in _FOLD_UNARY and name not in _FOLD_BINARY and name not in ("relax.reshape", "relax.permute_dims"):
+            return call
+        data = self._constant(call.args[0])
+        if data is None or not str(data.dtype).startswith("float") or str(call.ty.dtype) != str(data.dtype):
+            return call
+        if name == "relax.reshape":
+            return relax.const(data.reshape([int(d) for d in call.ty.shape]))
+        if name == "relax.permute_dims":
+            axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+            return relax.const(np.ascontiguousarray(data.transpose(axes)))
+        if name in _FOLD_UNARY:
+            return relax.const(_FOLD_UNARY[name](data))
+        other = self._constant(call.args[1])
+        if other is None or other.dtype != data.dtype:
+            return call
+        return relax.const(np.asarray(_FOLD_BINARY[name](data, other), dtype=data.dtype))
+
+
+def fold_constants(mod) -> "tvm.IRModule":
+    """Relax's ``FoldConstant``, with the float arithmetic, reshapes and transposes of constants
+    (BatchNorm folding's, the layout pass's weight transposes) computed with numpy first.
+    ``FoldConstant`` compiles every call it folds: ~25 s for ResNet-50's, against 2 s here for the
+    same module (structurally equal, constants bit for bit; docs/decisions.md, session 68)."""
+    folder = _NumpyFold(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            folder.builder_.update_func(gv, folder.visit_expr(func))
+    return relax.transform.FoldConstant()(relax.transform.DeadCodeElimination()(folder.builder_.get()))
+
+
 def sink_reshapes(mod) -> "tvm.IRModule":
     """Move reshapes below what a dense layer's library call can absorb, then merge consecutive
     reshapes: PyTorch's 3-D ``Linear`` imports as reshape, matmul, add, reshape, so BERT's GELU and
@@ -233,7 +285,7 @@ def optimise(mod) -> "tvm.IRModule":
 
     The latest results are kept by input module (the object itself; TVM's passes never change a
     module in place): a model's build race lowers the same graph once per build, and the passes
-    take ~25 s for ResNet-50 (``FoldConstant`` compiles every call it folds)."""
+    take seconds (ResNet-50: 2 s, and 25 s before ``fold_constants``)."""
     hit = _OPTIMISED.get(id(mod))
     if hit is not None and hit[0].same_as(mod):
         return hit[1]
@@ -247,7 +299,8 @@ def optimise(mod) -> "tvm.IRModule":
 def _optimise(mod) -> "tvm.IRModule":
     mod = tvm.transform.Sequential([
         relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant()])(recognise_gelu(fold_pads(pairwise_reductions(mod))))
+        tvm.transform.module_pass(lambda m, _ctx: fold_constants(m), opt_level=0, name="adaptune.FoldConstants")
+    ])(recognise_gelu(fold_pads(pairwise_reductions(mod))))
     mod = sink_reshapes(decompose_clip(mod))
     if "nn.conv2d" not in op_counts(mod):
         return mod
@@ -258,7 +311,7 @@ def _optimise(mod) -> "tvm.IRModule":
         print(f"adaptune: warning: the graph stays NCHW (TVM's ConvertLayout failed: {str(e).strip()[:100]})",
               file=sys.stderr)
         return mod
-    return relax.transform.FoldConstant()(nhwc)
+    return fold_constants(nhwc)
 
 
 def fuse(mod, target) -> "tvm.IRModule":
