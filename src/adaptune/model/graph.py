@@ -180,9 +180,8 @@ UNARY_ELEMENTWISE = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "re
                      "relax.nn.silu")
 
 
-_FOLD_UNARY = {"relax.sqrt": np.sqrt, "relax.negative": np.negative}
-_FOLD_BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
-                "relax.divide": np.divide}
+_FOLD = {"relax.sqrt": np.sqrt, "relax.negative": np.negative, "relax.add": np.add, "relax.subtract": np.subtract,
+         "relax.multiply": np.multiply, "relax.divide": np.divide}      # numpy's float ops are IEEE's, as TVM's
 
 
 @relax.expr_functor.mutator
@@ -200,7 +199,7 @@ class _NumpyFold(relax.PyExprMutator):
     def visit_call_(self, op):
         call = self.visit_expr_post_order(op)
         name = getattr(call.op, "name", None)
-        if name not in _FOLD_UNARY and name not in _FOLD_BINARY and name not in ("relax.reshape", "relax.permute_dims"):
+        if name not in _FOLD and name not in ("relax.reshape", "relax.permute_dims"):
             return call
         data = self._constant(call.args[0])
         if data is None or not str(data.dtype).startswith("float") or str(call.ty.dtype) != str(data.dtype):
@@ -210,12 +209,10 @@ class _NumpyFold(relax.PyExprMutator):
         if name == "relax.permute_dims":
             axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
             return relax.const(np.ascontiguousarray(data.transpose(axes)))
-        if name in _FOLD_UNARY:
-            return relax.const(_FOLD_UNARY[name](data))
-        other = self._constant(call.args[1])
-        if other is None or other.dtype != data.dtype:
+        args = [data] + [self._constant(a) for a in call.args[1:]]
+        if any(a is None or a.dtype != data.dtype for a in args):
             return call
-        return relax.const(np.asarray(_FOLD_BINARY[name](data, other), dtype=data.dtype))
+        return relax.const(np.asarray(_FOLD[name](*args), dtype=data.dtype))
 
 
 def fold_constants(mod) -> "tvm.IRModule":
@@ -272,8 +269,7 @@ def sink_reshapes(mod) -> "tvm.IRModule":
     return relax.transform.RemoveRedundantReshape()(_each_function(mod, each))
 
 
-#: ``optimise``'s latest results: id of the input module -> (that module, its optimised graph)
-_OPTIMISED: dict[int, tuple] = {}
+_OPTIMISED: dict[int, tuple] = {}      # ``optimise``'s latest results: id(input) -> (input, result)
 OPTIMISED_KEPT = 2
 
 
