@@ -24,7 +24,7 @@ import numpy as np
 
 from .._tvm import ms
 from ..measure.target import is_cuda
-from .kernel_rewrites import fuse_separable, pad_output_channels
+from .kernel_rewrites import _mutate_each, fuse_separable, pad_output_channels
 
 import tvm
 from tvm import relax
@@ -218,13 +218,9 @@ class _NumpyFold(relax.PyExprMutator):
 def fold_constants(mod) -> "tvm.IRModule":
     """Relax's ``FoldConstant``, with the float arithmetic, reshapes and transposes of constants
     (BatchNorm folding's, the layout pass's weight transposes) computed with numpy first.
-    ``FoldConstant`` compiles every call it folds: ~25 s for ResNet-50's, against 2 s here for the
-    same module (structurally equal, constants bit for bit; docs/decisions.md, session 68)."""
-    folder = _NumpyFold(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            folder.builder_.update_func(gv, folder.visit_expr(func))
-    return relax.transform.FoldConstant()(relax.transform.DeadCodeElimination()(folder.builder_.get()))
+    ``FoldConstant`` compiles every call it folds, which takes most of ResNet-50's graph passes;
+    the result is the same module, constants bit for bit."""
+    return relax.transform.FoldConstant()(_mutate_each(mod, _NumpyFold))
 
 
 def sink_reshapes(mod) -> "tvm.IRModule":
@@ -280,8 +276,7 @@ def optimise(mod) -> "tvm.IRModule":
     aborts on ``topk`` in 0.27) the graph stays NCHW, with one warning.
 
     The latest results are kept by input module (the object itself; TVM's passes never change a
-    module in place): a model's build race lowers the same graph once per build, and the passes
-    take seconds (ResNet-50: 2 s, and 25 s before ``fold_constants``)."""
+    module in place): a model's build race lowers the same graph once per build."""
     hit = _OPTIMISED.get(id(mod))
     if hit is not None and hit[0].same_as(mod):
         return hit[1]
