@@ -1,9 +1,11 @@
 """The OpenMP launcher a compiled model's parallel loops run on (``model.openmp``): every task runs
-once, errors propagate, a model on it computes what it computes on TVM's pool, and a library that
+once, errors propagate, a thread that is done takes a slow thread's chunks, a model on it computes what it computes on TVM's pool, and a library that
 uses TVM's barrier or a machine without a compiler keeps TVM's pool."""
 from __future__ import annotations
 
 import ctypes
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -36,6 +38,25 @@ def test_the_launcher_runs_every_task_once_and_reports_errors(num_task):
     n = num_task or len({i for i, _ in seen})
     assert sorted(i for i, _ in seen) == list(range(n)) and {k for _, k in seen} == {n}
     assert rc == (-1 if n > 1 else 0)
+
+
+def test_a_thread_that_is_done_takes_the_chunks_a_slow_one_has_left():
+    launch = LAUNCH(openmp.launcher())
+    ran = {}
+
+    def task(i, env, _):
+        ran[i] = threading.get_ident()
+        if i == 0:
+            time.sleep(0.3)             # the first thread stalls in its first chunk (the GIL is released)
+        return 0
+
+    assert launch(LAMBDA(task), None, 0) == 0
+    threads = len(ran) // openmp.CHUNKS_PER_THREAD
+    assert sorted(ran) == list(range(threads * openmp.CHUNKS_PER_THREAD))
+    if threads < 2:
+        pytest.skip("OpenMP runs one thread here")
+    assert len(set(ran.values())) == threads
+    assert [i for i, t in ran.items() if t == ran[0]] == [0]   # its other chunks ran elsewhere
 
 
 @I.ir_module

@@ -5,7 +5,7 @@ With two pools on the same cores, every hand-over between a generated kernel and
 costs: the pool that just finished spins on the cores the other needs, or sleeps and must be woken
 (a futex wake, an inter-processor interrupt on a VM) before the next kernel starts.  TVM's compiled
 code calls its parallel launcher through a function pointer the library holds
-(``__TVMBackendParallelLaunch``, filled in when the library loads); we point it at a ten-line
+(``__TVMBackendParallelLaunch``, filled in when the library loads); we point it at a small
 launcher built on OpenMP, so a model's generated and library kernels share one set of threads and
 one spin policy (``GOMP_SPINCOUNT``, see ``adaptune/__init__.py``).
 
@@ -13,6 +13,14 @@ The launcher is compiled once with the C compiler TVM's ``export_library`` uses,
 libgomp PyTorch has loaded (same soname: one runtime, one pool), and cached.  Where no compiler is
 found, models keep TVM's pool and one warning line says so.  A library whose kernels use TVM's
 parallel barrier keeps TVM's pool (OpenMP's barrier semantics differ when tasks outnumber threads).
+
+The launcher also balances the cores.  TVM's own pool gives each thread one contiguous share of a
+parallel loop, so a kernel waits for its slowest core, and a VM's cores are often unequal (another
+tenant on one).  Here the loop is cut into ``CHUNKS_PER_THREAD`` chunks per thread; each thread
+runs its own contiguous run of chunks from the front, and a thread that is done takes the chunks
+left at the back of the others' runs.  With equal cores every thread gets the share TVM's pool
+would give it, so a kernel reads the data the kernel before it left in the same core's cache; a
+shared counter handing out chunks in turn measured slower for that reason (docs/decisions.md).
 """
 from __future__ import annotations
 
@@ -25,26 +33,52 @@ from pathlib import Path
 
 LAUNCH, BARRIER = "__TVMBackendParallelLaunch", "__TVMBackendParallelBarrier"
 
+#: chunks of a parallel loop per thread: enough for a fast core to take over a slow one's tail
+CHUNKS_PER_THREAD = 8
+
 # TVM's FTVMParallelLambda contract (c_backend_api.h): task ``i`` of ``num_task`` gets its share of
-# the loop; num_task 0 means "as many as the pool has threads".
+# the loop (``ceil(extent / num_task)`` iterations); num_task 0 means "as many as the pool has
+# threads", and then the launcher chooses the count.  Each thread's run of chunks is [lo, hi) packed
+# in one 64-bit word, on its own cache line: the owner takes lo, a thief takes hi - 1, by CAS.
 SOURCE = r"""
 #include <omp.h>
 #include <stdint.h>
 #include <stddef.h>
 typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
+typedef struct { uint64_t run; char pad[56]; } Run;
+enum { MAX_THREADS = 256 };
+
+static int take(Run* r, int from_back) {
+  uint64_t old = __atomic_load_n(&r->run, __ATOMIC_RELAXED);
+  for (;;) {
+    uint32_t lo = (uint32_t)old, hi = (uint32_t)(old >> 32);
+    if (lo >= hi) return -1;
+    uint64_t next = from_back ? (lo | (uint64_t)(hi - 1) << 32) : ((lo + 1) | (uint64_t)hi << 32);
+    if (__atomic_compare_exchange_n(&r->run, &old, next, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+      return from_back ? (int)(hi - 1) : (int)lo;
+  }
+}
+
 int adaptune_parallel_launch(FTVMParallelLambda flambda, void* cdata, int num_task) {
-  int n = num_task > 0 ? num_task : omp_get_max_threads();
+  int threads = num_task > 0 ? num_task : omp_get_max_threads();
+  if (threads > MAX_THREADS) threads = MAX_THREADS;
+  int chunks = num_task > 0 ? num_task : threads * CHUNKS_PER_THREAD;
   int err = 0;
-  TVMParallelGroupEnv env = {NULL, n};
-  #pragma omp parallel num_threads(n)
+  TVMParallelGroupEnv env = {NULL, chunks};
+  Run runs[MAX_THREADS];
+  for (int t = 0; t < threads; t++)
+    runs[t].run = (uint64_t)(t * chunks / threads) | (uint64_t)((t + 1) * chunks / threads) << 32;
+  #pragma omp parallel num_threads(threads)
   {
-    int nt = omp_get_num_threads();
-    for (int i = omp_get_thread_num(); i < n; i += nt) {
-      if (flambda(i, &env, cdata) != 0) {
-        #pragma omp atomic write
-        err = -1;
-      }
+    int me = omp_get_thread_num();
+    for (int k = 0; k < threads; k++) {            /* own run first, then the others' tails */
+      int i;
+      while ((i = take(&runs[(me + k) % threads], k > 0)) >= 0)
+        if (flambda(i, &env, cdata) != 0) {
+          #pragma omp atomic write
+          err = -1;
+        }
     }
   }
   return err;
@@ -63,7 +97,7 @@ def launcher():
     global _launcher
     if _launcher is None:
         import torch  # noqa: F401  (loads PyTorch's libgomp first, so the launcher binds to that runtime)
-        digest = hashlib.sha256((SOURCE + sys.platform).encode()).hexdigest()[:12]
+        digest = hashlib.sha256((SOURCE + sys.platform + str(CHUNKS_PER_THREAD)).encode()).hexdigest()[:12]
         path = _cache_dir() / f"omp_launch-{digest}.so"
         try:
             if not path.is_file():
@@ -86,7 +120,8 @@ def _build(path: Path) -> None:
         src = Path(d) / "launch.c"
         src.write_text(SOURCE)
         out = Path(d) / path.name
-        cc.create_shared(str(out), [str(src)], options=["-O2", "-fopenmp"], cc=os.environ.get("CC", "gcc"))
+        options = ["-O2", "-fopenmp", f"-DCHUNKS_PER_THREAD={CHUNKS_PER_THREAD}"]
+        cc.create_shared(str(out), [str(src)], options=options, cc=os.environ.get("CC", "gcc"))
         os.replace(out, path)
 
 
