@@ -209,7 +209,7 @@ def test_constants_fold_with_numpy_to_what_tvms_fold_constant_gives(monkeypatch)
     FoldConstant turned into a no-op no constant arithmetic is left."""
     import torch
     from tvm import relax
-    from adaptune.model import graph
+    from adaptune.model import constants
 
     class ConvBN(torch.nn.Module):
         def __init__(self):
@@ -224,10 +224,10 @@ def test_constants_fold_with_numpy_to_what_tvms_fold_constant_gives(monkeypatch)
     torch.manual_seed(0)
     m = load_model(ConvBN().eval(), input_shape=(1, 3, 8, 8))
     mod = relax.transform.DecomposeOpsForInference()(relax.transform.FoldBatchnormToConv2D()(m.mod))
-    assert tvm_ffi.structural_equal(graph.fold_constants(mod), relax.transform.FoldConstant()(mod))
+    assert tvm_ffi.structural_equal(constants.fold_constants(mod), relax.transform.FoldConstant()(mod))
 
     monkeypatch.setattr(relax.transform, "FoldConstant", lambda: (lambda module: module))
-    folded = graph.fold_constants(mod)
+    folded = constants.fold_constants(mod)
     arithmetic = {"add", "subtract", "multiply", "divide", "sqrt"}
     assert any(k in arithmetic for k in op_counts(mod))
     bound = {b.var: b.value for blk in folded["main"].body.blocks for b in blk.bindings}
@@ -307,10 +307,9 @@ def test_a_depthwise_convolution_and_the_pointwise_one_it_feeds_only_are_one_ker
     assert C.check(tvm.compile(fused, target=target), m) < 1e-5
 
 
-def test_prepacked_weights_reach_the_kernel_calls_as_constants(target):
-    """Kernels whose tuned schedule re-lays out their weights (the expert space's packed weights) get
-    them pre-transformed at compile time; the VM passes them straight to each call rather than
-    building and unpacking a tuple of them per call, and the model computes what PyTorch does."""
+def _packed_model(target):
+    """A conv + ReLU + 1x1 conv model and a database of expert-space records for it (which pack the
+    weights), recorded untimed: a fixture, nothing is measured."""
     import torch
     from tvm.s_tir import meta_schedule as ms
     from adaptune.search.expert import covers
@@ -325,15 +324,42 @@ def test_prepacked_weights_reach_the_kernel_calls_as_constants(target):
         space = KnobSpace(task.mod, target, seed=1, spaces="expert")
         sch, why, _ = space.decode_many(space.random(1, rng))[0]
         assert sch is not None, why
-        db.commit_tuning_record(ms.database.TuningRecord(          # a fixture record: nothing is timed here
+        db.commit_tuning_record(ms.database.TuningRecord(
             sch.trace, db.commit_workload(task.mod), run_secs=[1e-3], target=target,
             args_info=ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
+    return m, db
+
+
+def test_prepacked_weights_reach_the_kernel_calls_as_constants(target):
+    """Kernels whose tuned schedule re-lays out their weights (the expert space's packed weights) get
+    them pre-transformed at compile time; the VM passes them straight to each call rather than
+    building and unpacking a tuple of them per call, and the model computes what PyTorch does."""
+    m, db = _packed_model(target)
     lowered = C.lower_tuned(m, db, target)
     assert sum("layout_rewrite" in str(f.attrs) or "prepacked" in gv.name_hint
                for gv, f in lowered.functions_items()) >= 2          # both convolutions' weights packed
     ex = C.build_tuned(m, db, target)
     assert "vm.builtin.tuple_getitem" not in ex.as_text()
     assert C.check(ex, m) < 1e-4
+
+
+def test_weight_packing_folds_in_one_build_to_what_fold_constant_gives(target, monkeypatch):
+    """The weight-packing kernels split off the tuned ones run once each from one LLVM build
+    (``constants.fold_calls``): the compiled module equals the one ``FoldConstant`` alone gives,
+    constants bit for bit, and with ``FoldConstant`` a no-op no kernel call on constants is left."""
+    from tvm import relax
+    from adaptune.model import constants, graph
+
+    m, db = _packed_model(target)
+    lowered = C.lower_tuned(m, db, target)
+    monkeypatch.setattr(graph, "fold_calls", lambda mod: mod)
+    assert tvm_ffi.structural_equal(C.lower_tuned(m, db, target), lowered)
+    monkeypatch.setattr(graph, "fold_calls", constants.fold_calls)
+    monkeypatch.setattr(relax.transform, "FoldConstant",
+                        lambda: tvm.transform.module_pass(lambda mod, _ctx: mod, opt_level=0, name="NoFold"))
+    assert not constants._constant_calls(C.lower_tuned(m, db, target))
+    monkeypatch.setattr(graph, "fold_calls", lambda mod: mod)
+    assert constants._constant_calls(C.lower_tuned(m, db, target))     # the packing calls were there
 
 
 def test_scheduler_warms_up_every_task_then_follows_time_share_per_trial():

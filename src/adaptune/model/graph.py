@@ -12,7 +12,7 @@ the layout they run in, and oneDNN reads NHWC as channels-last with no copy (``l
 Weights are marked layout-free (``AttachAttrLayoutFreeBuffers``,
 as TVM's own ``static_shape_tuning`` pipeline does on CPU), so each tuned schedule may choose the
 weight layout its loops read contiguously (MetaSchedule's ``RewriteLayout``), and compilation
-pre-transforms the constant weights once (``SplitLayoutRewritePreproc`` + ``FoldConstant``).
+pre-transforms the constant weights once (``SplitLayoutRewritePreproc``, then ``constants``).
 """
 from __future__ import annotations
 
@@ -20,11 +20,10 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-
 from .._tvm import ms
 from ..measure.target import is_cuda
-from .kernel_rewrites import _mutate_each, fuse_separable, pad_output_channels
+from .constants import fold_calls, fold_constants
+from .kernel_rewrites import fuse_separable, pad_output_channels
 
 import tvm
 from tvm import relax
@@ -180,49 +179,6 @@ UNARY_ELEMENTWISE = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "re
                      "relax.nn.silu")
 
 
-_FOLD = {"relax.sqrt": np.sqrt, "relax.negative": np.negative, "relax.add": np.add, "relax.subtract": np.subtract,
-         "relax.multiply": np.multiply, "relax.divide": np.divide}      # numpy's float ops are IEEE's, as TVM's
-
-
-@relax.expr_functor.mutator
-class _NumpyFold(relax.PyExprMutator):
-    """Float arithmetic, reshapes and transposes of constants, computed with numpy."""
-
-    def _constant(self, expr):
-        if isinstance(expr, relax.Var):
-            expr = self.lookup_binding(expr)
-        if not isinstance(expr, tvm.ir.expr.Constant):
-            return None
-        value = expr.value                          # a 0-d constant's value is a Python scalar
-        return value.numpy() if hasattr(value, "numpy") else np.asarray(value, dtype=str(expr.ty.dtype))
-
-    def visit_call_(self, op):
-        call = self.visit_expr_post_order(op)
-        name = getattr(call.op, "name", None)
-        if name not in _FOLD and name not in ("relax.reshape", "relax.permute_dims"):
-            return call
-        data = self._constant(call.args[0])
-        if data is None or not str(data.dtype).startswith("float") or str(call.ty.dtype) != str(data.dtype):
-            return call
-        if name == "relax.reshape":
-            return relax.const(data.reshape([int(d) for d in call.ty.shape]))
-        if name == "relax.permute_dims":
-            axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-            return relax.const(np.ascontiguousarray(data.transpose(axes)))
-        args = [data] + [self._constant(a) for a in call.args[1:]]
-        if any(a is None or a.dtype != data.dtype for a in args):
-            return call
-        return relax.const(np.asarray(_FOLD[name](*args), dtype=data.dtype))
-
-
-def fold_constants(mod) -> "tvm.IRModule":
-    """Relax's ``FoldConstant``, with the float arithmetic, reshapes and transposes of constants
-    (BatchNorm folding's, the layout pass's weight transposes) computed with numpy first.
-    ``FoldConstant`` compiles every call it folds, which takes most of ResNet-50's graph passes;
-    the result is the same module, constants bit for bit."""
-    return relax.transform.FoldConstant()(_mutate_each(mod, _NumpyFold))
-
-
 def sink_reshapes(mod) -> "tvm.IRModule":
     """Move reshapes below what a dense layer's library call can absorb, then merge consecutive
     reshapes: PyTorch's 3-D ``Linear`` imports as reshape, matmul, add, reshape, so BERT's GELU and
@@ -333,6 +289,7 @@ def apply_database(fused, database, target) -> "tvm.IRModule":
             relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
             relax.transform.SplitLayoutRewritePreproc(),
             relax.transform.LiftTransformParams(),
+            tvm.transform.module_pass(lambda m, _ctx: fold_calls(m), opt_level=0, name="adaptune.FoldCalls"),
             relax.transform.FoldConstant(),
             relax.transform.CanonicalizeBindings(),
             relax.transform.DeadCodeElimination(),

@@ -96,7 +96,7 @@ def pad_output_channels(mod, lanes: int) -> "tvm.IRModule":
             return _output_kernel(self.builder_, "conv2d_padded", padded_conv, call.args[0],
                                   relax.const(_padded_weight(w, padded)))
 
-    return _mutate_each(mod, _Pad)
+    return mutate_each(mod, _Pad)
 
 
 def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
@@ -160,7 +160,7 @@ def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
             proj = relax.const(w if padded == co else _padded_weight(w, padded))
             return _output_kernel(self.builder_, "separable_conv2d", separable, x.args[0], x.args[1], proj, *consts)
 
-    return _mutate_each(mod, _Separable)
+    return mutate_each(mod, _Separable)
 
 
 def _uses(mod) -> Counter:
@@ -181,7 +181,7 @@ def _uses(mod) -> Counter:
     return counts
 
 
-def _mutate_each(mod, mutator_class) -> "tvm.IRModule":
+def mutate_each(mod, mutator_class) -> "tvm.IRModule":
     """``mod`` with ``mutator_class``'s rewrite applied to each Relax function, dead bindings removed."""
     mutator = mutator_class(mod)
     for gv, func in mod.functions_items():
