@@ -34,7 +34,7 @@ from pathlib import Path
 LAUNCH, BARRIER = "__TVMBackendParallelLaunch", "__TVMBackendParallelBarrier"
 
 #: chunks of a parallel loop per thread: enough for a fast core to take over a slow one's tail
-CHUNKS_PER_THREAD = 8
+CHUNKS_PER_THREAD = 16
 
 # TVM's FTVMParallelLambda contract (c_backend_api.h): task ``i`` of ``num_task`` gets its share of
 # the loop (``ceil(extent / num_task)`` iterations); num_task 0 means "as many as the pool has
