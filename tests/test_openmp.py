@@ -1,6 +1,7 @@
 """The OpenMP launcher a compiled model's parallel loops run on (``model.openmp``): every task runs
-once, errors propagate, a thread that is done takes a slow thread's chunks, a model on it computes what it computes on TVM's pool, and a library that
-uses TVM's barrier or a machine without a compiler keeps TVM's pool."""
+once, errors propagate, a thread that is done takes a slow thread's chunks, a model on it computes
+what it computes on TVM's pool, and a library that uses TVM's barrier or a machine without a
+compiler keeps TVM's pool."""
 from __future__ import annotations
 
 import ctypes
@@ -56,8 +57,10 @@ def test_a_thread_that_is_done_takes_the_chunks_a_slow_one_has_left(two_threads)
 
     def task(i, env, _):
         ran[i] = threading.get_ident()
-        if i == 0:
-            time.sleep(0.3)             # the first thread stalls in its first chunk (the GIL is released)
+        if i == 0:          # the first thread stalls in its first chunk until every other one ran (at most 5 s)
+            end = time.monotonic() + 5
+            while len(ran) < env.contents.num_task and time.monotonic() < end:
+                time.sleep(0.01)
         return 0
 
     assert launch(LAMBDA(task), None, 0) == 0

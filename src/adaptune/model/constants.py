@@ -54,6 +54,16 @@ def fold_constants(mod) -> "tvm.IRModule":
     return relax.transform.FoldConstant()(mutate_each(mod, _NumpyFold))
 
 
+def _inputs(call) -> list:
+    """A ``call_tir``'s input arguments."""
+    return list(call.args[1].fields) if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+
+
+def _outputs(call) -> list:
+    """A ``call_tir``'s output tensor types (one, or a tuple's fields)."""
+    return list(call.ty.fields) if hasattr(call.ty, "fields") else [call.ty]
+
+
 def _constant_calls(mod) -> list:
     """The ``call_tir`` calls of ``mod``'s Relax functions whose arguments are all tensor constants
     and whose outputs have static shapes."""
@@ -67,10 +77,8 @@ def _constant_calls(mod) -> list:
                 if not (isinstance(call, relax.Call) and getattr(call.op, "name", None) == "relax.call_tir"
                         and len(call.args) == 2):           # no symbolic-shape third argument
                     continue
-                args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
-                outs = list(call.ty.fields) if hasattr(call.ty, "fields") else [call.ty]
-                if all(isinstance(a, tvm.ir.expr.Constant) for a in args) and all(
-                        all(isinstance(d, tvm.tirx.IntImm) for d in o.shape) for o in outs):
+                if all(isinstance(a, tvm.ir.expr.Constant) for a in _inputs(call)) and all(
+                        all(isinstance(d, tvm.tirx.IntImm) for d in o.shape) for o in _outputs(call)):
                     calls.append(call)
     return calls
 
@@ -87,16 +95,12 @@ def fold_calls(mod) -> "tvm.IRModule":
                                  target="llvm")
     except (tvm.error.InternalError, RuntimeError, ValueError, TypeError):
         return mod                      # a kernel the host cannot build (a GPU one): FoldConstant decides
-    dev = tvm.cpu()
     results = {}
     for call in calls:
-        args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
-        tuple_out = hasattr(call.ty, "fields")
-        outs = [tvm.runtime.empty([int(d) for d in o.shape], o.dtype, dev)
-                for o in (call.ty.fields if tuple_out else [call.ty])]
-        kernels[call.args[0].name_hint](*[tvm.runtime.tensor(a.value.numpy(), dev) for a in args], *outs)
+        outs = [tvm.runtime.empty([int(d) for d in o.shape], o.dtype, tvm.cpu()) for o in _outputs(call)]
+        kernels[call.args[0].name_hint](*[a.value for a in _inputs(call)], *outs)
         consts = [relax.const(o.numpy()) for o in outs]
-        results[call] = relax.Tuple(consts) if tuple_out else consts[0]
+        results[call] = relax.Tuple(consts) if hasattr(call.ty, "fields") else consts[0]
 
     @relax.expr_functor.mutator
     class _Results(relax.PyExprMutator):

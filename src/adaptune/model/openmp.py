@@ -47,7 +47,7 @@ SOURCE = r"""
 typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
 typedef struct { uint64_t run; char pad[56]; } Run;
-enum { MAX_THREADS = 256 };
+enum { MAX_THREADS = 256, CHUNKS_PER_THREAD = @CHUNKS@ };
 
 static int take(Run* r, int from_back) {
   uint64_t old = __atomic_load_n(&r->run, __ATOMIC_RELAXED);
@@ -83,7 +83,7 @@ int adaptune_parallel_launch(FTVMParallelLambda flambda, void* cdata, int num_ta
   }
   return err;
 }
-"""
+""".replace("@CHUNKS@", str(CHUNKS_PER_THREAD))
 
 _launcher = None                 # the loaded launcher (ctypes), False once building it failed
 
@@ -97,7 +97,7 @@ def launcher():
     global _launcher
     if _launcher is None:
         import torch  # noqa: F401  (loads PyTorch's libgomp first, so the launcher binds to that runtime)
-        digest = hashlib.sha256((SOURCE + sys.platform + str(CHUNKS_PER_THREAD)).encode()).hexdigest()[:12]
+        digest = hashlib.sha256((SOURCE + sys.platform).encode()).hexdigest()[:12]
         path = _cache_dir() / f"omp_launch-{digest}.so"
         try:
             if not path.is_file():
@@ -120,8 +120,7 @@ def _build(path: Path) -> None:
         src = Path(d) / "launch.c"
         src.write_text(SOURCE)
         out = Path(d) / path.name
-        options = ["-O2", "-fopenmp", f"-DCHUNKS_PER_THREAD={CHUNKS_PER_THREAD}"]
-        cc.create_shared(str(out), [str(src)], options=options, cc=os.environ.get("CC", "gcc"))
+        cc.create_shared(str(out), [str(src)], options=["-O2", "-fopenmp"], cc=os.environ.get("CC", "gcc"))
         os.replace(out, path)
 
 
