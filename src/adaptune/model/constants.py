@@ -11,7 +11,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .kernel_rewrites import mutate_each
+from .functions import mutate_each
 
 _FOLD = {"relax.sqrt": np.sqrt, "relax.negative": np.negative, "relax.add": np.add, "relax.subtract": np.subtract,
          "relax.multiply": np.multiply, "relax.divide": np.divide}      # numpy's float ops are IEEE's, as TVM's

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from .._tvm import ms
 from ..measure.target import is_cuda
 from .constants import fold_calls, fold_constants
+from .functions import each_function
 from .kernel_rewrites import fuse_separable, pad_output_channels
 
 import tvm
@@ -64,12 +65,6 @@ GRAPH_PASSES = ("PairwiseReductions", "FoldPads", "RecogniseGelu", "FoldBatchnor
 LAYOUT = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
 
-def _each_function(mod, rewrite) -> "tvm.IRModule":
-    """``mod`` with ``rewrite`` applied to each of its Relax functions (PrimFuncs as they are)."""
-    return tvm.IRModule({gv: rewrite(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions_items()},
-                        attrs=mod.attrs)
-
-
 def decompose_clip(mod) -> "tvm.IRModule":
     """``clip(x, lo, hi)`` -> ``minimum(maximum(x, lo), hi)``: Relax's ``clip`` has no layout
     inference, so ConvertLayout would wrap every ReLU6 in two transposes (MobileNetV2: 70)."""
@@ -80,7 +75,7 @@ def decompose_clip(mod) -> "tvm.IRModule":
         dtype = str(x.ty.dtype)
         return relax.op.minimum(relax.op.maximum(x, relax.const(lo, dtype)), relax.const(hi, dtype))
     pattern = is_op("relax.clip")(wildcard(), wildcard(), wildcard())
-    return _each_function(mod, lambda f: rewrite_call(pattern, rewriter, f))
+    return each_function(mod, lambda f: rewrite_call(pattern, rewriter, f))
 
 
 def fold_pads(mod) -> "tvm.IRModule":
@@ -107,7 +102,7 @@ def fold_pads(mod) -> "tvm.IRModule":
         padding = (top + widths[2 * h], left + widths[2 * w], bottom + widths[2 * h + 1], right + widths[2 * w + 1])
         return relax.op.nn.conv2d(matches[pad].args[0], call.args[1], a.strides, padding, a.dilation, a.groups,
                                   a.data_layout, a.kernel_layout, a.out_layout, a.out_dtype)
-    return _each_function(mod, lambda f: rewrite_call(pattern, rewriter, f))
+    return each_function(mod, lambda f: rewrite_call(pattern, rewriter, f))
 
 
 def pairwise_reductions(mod) -> "tvm.IRModule":
@@ -128,7 +123,7 @@ def pairwise_reductions(mod) -> "tvm.IRModule":
                 call.attrs.keepdims:
             return call
         return binary[call.op.name](matches[a], matches[b])
-    return _each_function(mod, lambda f: rewrite_call(pattern, rewriter, f))
+    return each_function(mod, lambda f: rewrite_call(pattern, rewriter, f))
 
 
 def recognise_gelu(mod) -> "tvm.IRModule":
@@ -172,7 +167,7 @@ def recognise_gelu(mod) -> "tvm.IRModule":
 
     def each(f):
         return rewrite_call(tanh_form, tanh_rewriter, rewrite_call(pattern, rewriter, f))
-    return _each_function(mod, each)
+    return each_function(mod, each)
 
 
 UNARY_ELEMENTWISE = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid", "relax.tanh",
@@ -218,7 +213,7 @@ def sink_reshapes(mod) -> "tvm.IRModule":
 
     def each(f):
         return rewrite_call(add, residual_rewriter, rewrite_call(pattern, rewriter, f))
-    return relax.transform.RemoveRedundantReshape()(_each_function(mod, each))
+    return relax.transform.RemoveRedundantReshape()(each_function(mod, each))
 
 
 _OPTIMISED: dict[int, tuple] = {}      # ``optimise``'s latest results: id(input) -> (input, result)

@@ -11,6 +11,8 @@ import numpy as np
 import tvm
 from tvm import relax, te, topi
 
+from .functions import mutate_each
+
 
 #: a convolution's output channels are padded to whole vectors only where that adds at most this share of work
 PAD_CHANNELS_MAX = 4 / 3
@@ -179,12 +181,3 @@ def _uses(mod) -> Counter:
         if isinstance(func, relax.Function):
             _Uses().visit_expr(func)
     return counts
-
-
-def mutate_each(mod, mutator_class) -> "tvm.IRModule":
-    """``mod`` with ``mutator_class``'s rewrite applied to each Relax function, dead bindings removed."""
-    mutator = mutator_class(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(mutator.builder_.get())
