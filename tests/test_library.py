@@ -460,6 +460,7 @@ def test_bench_json_holds_every_row_each_checked(empty_db, tmp_path, capsys):
     for r in data["rows"]:
         assert r["latency_ms"] > 0 and r["max_error"] is not None and r["max_error"] < 1e-3
     assert "library calls" in text and "where adaptune's model spends its time" in text
+    assert re.search(r"1x\d+x\d+x\d+ -> 1x\d+x\d+x\d+", text)       # a kernel's shapes say which layer it is
 
 
 def test_a_winograd_form_timed_no_faster_than_the_direct_kernel_gets_a_second_sample(monkeypatch, target):

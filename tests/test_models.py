@@ -535,6 +535,6 @@ def test_profile_runs_each_call_once_more_for_its_hot_time_and_never_a_vm_builti
     # a warm-up run, three runs as the model runs, three hot runs calling it twice
     assert len(runs) == 1 + 3 + 2 * 3
     counter = rows["adaptune.test.profile_counter"]
-    assert counter["calls"] == 1 and counter["ms"] > 0 and counter["hot_ms"] > 0
+    assert counter["calls"] == 1 and counter["ms"] > 0 and counter["hot_ms"] > 0 and counter["shapes"] == [(4,)]
     assert any(k.startswith("vm.builtin") for k in rows)        # timed, and (the count above) not run twice
     assert {"ms", "hot_ms", "group", "calls"} <= set(next(iter(rows.values())))

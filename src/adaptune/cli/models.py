@@ -309,9 +309,18 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _shapes(shapes: list[tuple[int, ...]]) -> str:
+    """A call's tensor shapes as ``first input -> output`` (``1x14x14x256 -> 1x14x14x1024``): which
+    layer a kernel is, where its name (``fused_conv2d11_add10...``) does not say."""
+    dims = ["x".join(map(str, s)) or "scalar" for s in shapes]
+    return "" if not dims else dims[0] if len(dims) == 1 else f"{dims[0]} -> {dims[-1]}"
+
+
 def _profile_table(console, executable, model) -> None:
     """``--profile``: time per kernel of the final model, grouped (tuned, library, layout, glue), as
-    the model runs it and with each call's data hot (``timing.profile``)."""
+    the model runs it and with each call's data hot (``timing.profile``).  Printed into a file or a
+    pipe, the table is 150 columns wide, so kernel names and shapes are not cut."""
+    from rich.console import Console
     from rich.table import Table
 
     from ..model.timing import profile
@@ -324,13 +333,15 @@ def _profile_table(console, executable, model) -> None:
         g[0], g[1] = g[0] + r["ms"], g[1] + r["hot_ms"]
     table = Table(title=f"where adaptune's model spends its time: {total:.3f} ms in VM calls per inference, "
                         f"{hot:.3f} ms with each call's data hot")
-    for col in ("call", "group", "calls", "ms", "hot ms", "share"):
-        table.add_column(col, justify="left" if col in ("call", "group") else "right")
+    for i, col in enumerate(("call", "shapes (input -> output)", "group", "calls", "ms", "hot ms", "share")):
+        table.add_column(col, justify="left" if i < 3 else "right")
     for g, (ms, hot_ms) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
-        table.add_row(f"[bold]{g}[/]", "", "", f"{ms:.3f}", f"{hot_ms:.3f}", f"{100 * ms / total:.1f}%")
+        table.add_row(f"[bold]{g}[/]", "", "", "", f"{ms:.3f}", f"{hot_ms:.3f}", f"{100 * ms / total:.1f}%")
     for r in rows[:25]:
-        table.add_row(r["call"][:48], r["group"], str(r["calls"]), f"{r['ms']:.3f}", f"{r['hot_ms']:.3f}",
-                      f"{100 * r['ms'] / total:.1f}%")
+        table.add_row(r["call"].removesuffix("_prepacked"), _shapes(r["shapes"]), r["group"], str(r["calls"]),
+                      f"{r['ms']:.3f}", f"{r['hot_ms']:.3f}", f"{100 * r['ms'] / total:.1f}%")
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 150))
     console.print(table)
     console.print(f"waiting for data (in the model minus hot): {total - hot:.3f} ms; instrumented runs, "
                   "so the sums run above the timed latency")

@@ -98,7 +98,8 @@ def _kind(symbol: str) -> str:
 def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
     """Time per VM call of one inference (Relax VM instrumentation), mean over ``runs``, grouped.
 
-    Returns rows ``{"call", "group", "calls", "ms", "hot_ms"}`` sorted by time.  ``ms`` is the call
+    Returns rows ``{"call", "group", "calls", "ms", "hot_ms", "shapes"}`` sorted by time; ``shapes``
+    are those of the call's tensor arguments at its first call (outputs last, as the VM passes them).  ``ms`` is the call
     as the model runs it, the VM's hand-over to it included; ``hot_ms`` is the same call run once
     more just before it is timed, so that its weights and inputs are in cache.  The two kinds of
     runs alternate.  Where ``ms`` is far above ``hot_ms``, the kernel waits for its data (weights
@@ -109,6 +110,7 @@ def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     samples: dict[str, dict[bool, list[float]]] = {}
     calls: dict[str, int] = {}
+    shapes: dict[str, list[tuple[int, ...]]] = {}
     started: dict[str, float] = {}
     hot = [False]
 
@@ -116,6 +118,8 @@ def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
 
     def instrument(func, symbol, before, ret, *call_args):
         if before:
+            shapes.setdefault(symbol, [tuple(int(d) for d in a.shape) for a in call_args
+                                       if isinstance(a, tvm.runtime.Tensor)])
             if hot[0] and not symbol.startswith("vm."):
                 func(*call_args)
                 if gpu:
@@ -135,5 +139,5 @@ def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
         vm["main"](*args)
     vm.set_instrument(None)
     rows = [{"call": k, "group": _kind(k), "calls": calls[k] // runs, "ms": sum(v[False]) / runs * 1e3,
-             "hot_ms": sum(v[True]) / runs * 1e3} for k, v in samples.items()]
+             "hot_ms": sum(v[True]) / runs * 1e3, "shapes": shapes.get(k, [])} for k, v in samples.items()]
     return sorted(rows, key=lambda r: -r["ms"])
