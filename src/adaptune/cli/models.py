@@ -277,6 +277,8 @@ def cmd_bench(args) -> int:
     except (UsageError, FileNotFoundError) as e:
         return fail(str(e))
     console = Console()
+    if not console.is_terminal:     # into a file or a pipe: wide enough that kernel names and shapes are not cut
+        console.width = max(console.width, 150)
     try:
         with _spinner("preparing") as status:
             ev = evaluate(model, target, db, library=not args.no_library, rounds=args.rounds,
@@ -340,8 +342,6 @@ def _profile_table(console, executable, model) -> None:
     for r in rows[:25]:
         table.add_row(r["call"].removesuffix("_prepacked"), _shapes(r["shapes"]), r["group"], str(r["calls"]),
                       f"{r['ms']:.3f}", f"{r['hot_ms']:.3f}", f"{100 * r['ms'] / total:.1f}%")
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 150))
     console.print(table)
     console.print(f"waiting for data (in the model minus hot): {total - hot:.3f} ms; instrumented runs, "
                   "so the sums run above the timed latency")
