@@ -87,11 +87,12 @@ def _ms(sec) -> str:
     return "-" if sec is None else f"{sec * 1e3:.3f} ms"
 
 
-def _choice_table(best, gpu: bool = False) -> None:
-    """The per-chain choice (the library's fused call or our kernel) and the whole-model builds behind it."""
+def _choice_table(best, gpu: bool = False, console=None) -> None:
+    """The per-chain choice (the library's fused call or our kernel) and the whole-model builds behind
+    it, printed on ``console`` (a new one if none)."""
     from rich.console import Console
     from rich.table import Table
-    console = Console()
+    console = console or Console()
     if best.choices:
         vendors = "cuDNN / cuBLAS" if gpu else "oneDNN"
         table = Table(title=f"per chain: the library's fused call ({vendors}; PyTorch for batched matmuls, softmax "
@@ -286,7 +287,7 @@ def cmd_bench(args) -> int:
     except NumericsError as e:
         return fail(f"numerical check failed: {e}", 1)
     if ev.best is not None:
-        _choice_table(ev.best, is_cuda(target))
+        _choice_table(ev.best, is_cuda(target), console)
         if args.db:     # the per-chain choice, for ``report``
             try:
                 WorkDir(args.db).update_model(library=[c.as_dict() for c in ev.best.choices])
@@ -320,9 +321,7 @@ def _shapes(shapes: list[tuple[int, ...]]) -> str:
 
 def _profile_table(console, executable, model) -> None:
     """``--profile``: time per kernel of the final model, grouped (tuned, library, layout, glue), as
-    the model runs it and with each call's data hot (``timing.profile``).  Printed into a file or a
-    pipe, the table is 150 columns wide, so kernel names and shapes are not cut."""
-    from rich.console import Console
+    the model runs it and with each call's data hot (``timing.profile``), on ``cmd_bench``'s console."""
     from rich.table import Table
 
     from ..model.timing import profile
