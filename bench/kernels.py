@@ -41,9 +41,8 @@ from adaptune.measure.target import parse_target  # noqa: E402
 from adaptune.measure.verify import TOLERANCE, relative_error  # noqa: E402
 from adaptune.model.library.op import workload_call  # noqa: E402
 from adaptune.measure.paired import paired_seconds, sample_alternately  # noqa: E402
-from adaptune.model.timing import time_callable  # noqa: E402
+from adaptune.model.timing import fma_peak_gflops, time_callable  # noqa: E402
 from adaptune.model.workloads import NAMED, Workload, get_workload  # noqa: E402
-from adaptune.search.expert import vector_isa  # noqa: E402
 from adaptune.tuner import tune_tir  # noqa: E402
 
 
@@ -84,37 +83,6 @@ def layers(names) -> dict[str, Workload]:
                 seen.add((wl.kind, wl.shape))
                 out[label] = wl
     return out
-
-
-def peak_gflops(target, seconds: float = 0.2) -> float:
-    """The FMA peak of this CPU on every core TVM uses: per thread, independent vector accumulators
-    (the register file less a few) updated by fused multiply-adds, nothing loaded in the loop."""
-    from tvm.script import tirx as T
-    lanes, regs = vector_isa(target)
-    threads = tvm.get_global_func("runtime.NumThreads")()
-    acc_n, steps = regs - 8, 1 << 18
-
-    @T.prim_func
-    def fma(x: T.Buffer((threads, acc_n, lanes), "float32"), y: T.Buffer((2,), "float32")):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        for p in T.parallel(threads):
-            acc = T.alloc_buffer((acc_n, lanes), "float32", scope="local")
-            for j in T.unroll(acc_n):
-                for v in T.vectorized(lanes):
-                    acc[j, v] = x[p, j, v]
-            for _ in range(steps):
-                for j in T.unroll(acc_n):
-                    for v in T.vectorized(lanes):
-                        acc[j, v] = acc[j, v] * y[0] + y[1]
-            for j in T.unroll(acc_n):
-                for v in T.vectorized(lanes):
-                    x[p, j, v] = acc[j, v]
-
-    f = tvm.compile(tvm.IRModule({"main": fma}), target=target)["main"]
-    x = tvm.runtime.tensor(np.ones((threads, acc_n, lanes), "float32"))
-    y = tvm.runtime.tensor(np.array([0.999, 0.001], "float32"))
-    t = time_callable(lambda: f(x, y), repeat=7, min_repeat_ms=int(seconds * 1e3))
-    return 2.0 * threads * acc_n * lanes * steps / t / 1e9
 
 
 def kernel_call(wl: Workload, sch, target):
@@ -160,7 +128,7 @@ def main() -> int:
     out = Path(args.out)
     chosen = layers(args.layers)
     first, total = sorted(args.trials)
-    peak = peak_gflops(target)
+    peak = fma_peak_gflops(target)
     print(f"target {target}; FMA peak {peak:.0f} GFLOPS on {tvm.get_global_func('runtime.NumThreads')()} threads; "
           f"{len(chosen)} layers, spaces {' '.join(args.spaces)}, {first} and {total} trials", flush=True)
     rows = []

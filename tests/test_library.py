@@ -461,6 +461,9 @@ def test_bench_json_holds_every_row_each_checked(empty_db, tmp_path, capsys):
         assert r["latency_ms"] > 0 and r["max_error"] is not None and r["max_error"] < 1e-3
     assert "library calls" in text and "where adaptune's model spends its time" in text
     assert re.search(r"1x\d+x\d+x\d+ -> 1x\d+x\d+x\d+", text)       # a kernel's shapes say which layer it is
+    # the generated kernels' arithmetic against this CPU's FMA peak, measured in the same run
+    assert re.search(r"arithmetic of the generated kernels: \d+\.\d+ GFLOP per inference, .* FMA peak, measured now: "
+                     r"\d+ GFLOP/s", text) and "GFLOP/s hot" in text
 
 
 def test_a_winograd_form_timed_no_faster_than_the_direct_kernel_gets_a_second_sample(monkeypatch, target):

@@ -538,3 +538,32 @@ def test_profile_runs_each_call_once_more_for_its_hot_time_and_never_a_vm_builti
     assert counter["calls"] == 1 and counter["ms"] > 0 and counter["hot_ms"] > 0 and counter["shapes"] == [(4,)]
     assert any(k.startswith("vm.builtin") for k in rows)        # timed, and (the count above) not run twice
     assert {"ms", "hot_ms", "group", "calls"} <= set(next(iter(rows.values())))
+
+
+def test_profile_counts_each_kernels_arithmetic_per_inference():
+    """``kernel_flops`` counts a matmul's multiply-adds as TVM does (2 per MAC), and ``profile``
+    gives a row the operations of all its calls in one inference (here one matmul kernel called
+    twice), so that its GFLOP/s is operations over hot time; the VM's builtins have none.  The FMA
+    peak they are set against is a positive rate."""
+    from tvm import relax
+    from adaptune.measure.pipeline import compile_module
+    from adaptune.model.timing import fma_peak_gflops, kernel_flops, profile
+
+    x = relax.Var("x", relax.TensorType((8, 32), "float32"))
+    w = relax.const(np.ones((32, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            y2 = bb.emit(relax.op.matmul(relax.op.add(x, x), w))
+            out = bb.emit_output(relax.op.add(y, y2))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    flops = kernel_flops(mod)
+    assert flops["matmul"] == 2 * 8 * 16 * 32 and set(flops) == {"matmul", "add", "add1"}
+    ex = compile_module(mod, tvm.target.Target({"kind": "llvm"}))
+    rows = {r["call"]: r for r in profile(ex, [np.ones((8, 32), "float32")], runs=2, flops=flops)}
+    assert rows["matmul"]["calls"] == 2 and rows["matmul"]["flops"] == 2 * flops["matmul"]
+    assert rows["add"]["flops"] == flops["add"]
+    assert all(r["flops"] is None for k, r in rows.items() if k.startswith("vm."))
+    assert 0 < fma_peak_gflops(tvm.target.Target({"kind": "llvm"}), seconds=0.01) < 1e5

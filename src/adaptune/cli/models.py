@@ -305,7 +305,7 @@ def cmd_bench(args) -> int:
     for runtime, why in ev.skipped.items():
         console.print(f"no {runtime} row: {why}")
     if args.profile and ev.best is not None:
-        _profile_table(console, ev.best.best.executable, model)
+        _profile_table(console, ev.best.best, model, target)
     if args.json:
         write_json(args.json, ev.as_dict())
         console.print(f"wrote {args.json}")
@@ -319,31 +319,46 @@ def _shapes(shapes: list[tuple[int, ...]]) -> str:
     return "" if not dims else dims[0] if len(dims) == 1 else f"{dims[0]} -> {dims[-1]}"
 
 
-def _profile_table(console, executable, model) -> None:
+def _profile_table(console, build, model, target) -> None:
     """``--profile``: time per kernel of the final model, grouped (tuned, library, layout, glue), as
-    the model runs it and with each call's data hot (``timing.profile``), on ``cmd_bench``'s console."""
+    the model runs it and with each call's data hot (``timing.profile``), each generated kernel's
+    GFLOP/s hot, and on a CPU the FMA peak measured now, so the time of the model's arithmetic at that
+    peak (its floor) stands beside the kernels' own; on ``cmd_bench``'s console."""
     from rich.table import Table
 
-    from ..model.timing import profile
-    rows = profile(executable, model.example_inputs())
+    from ..measure.target import is_cuda
+    from ..model.timing import fma_peak_gflops, profile
+    rows = profile(build.executable, model.example_inputs(), flops=build.flops)
     total = sum(r["ms"] for r in rows) or 1.0
     hot = sum(r["hot_ms"] for r in rows)
     groups: dict[str, list[float]] = {}
     for r in rows:
         g = groups.setdefault(r["group"], [0.0, 0.0])
         g[0], g[1] = g[0] + r["ms"], g[1] + r["hot_ms"]
+    rate = lambda flops, ms: f"{flops / ms / 1e6:.0f}" if flops and ms > 0 else "-"     # noqa: E731
     table = Table(title=f"where adaptune's model spends its time: {total:.3f} ms in VM calls per inference, "
                         f"{hot:.3f} ms with each call's data hot")
-    for i, col in enumerate(("call", "shapes (input -> output)", "group", "calls", "ms", "hot ms", "share")):
+    for i, col in enumerate(("call", "shapes (input -> output)", "group", "calls", "ms", "hot ms", "GFLOP/s hot", "share")):
         table.add_column(col, justify="left" if i < 3 else "right")
     for g, (ms, hot_ms) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
-        table.add_row(f"[bold]{g}[/]", "", "", "", f"{ms:.3f}", f"{hot_ms:.3f}", f"{100 * ms / total:.1f}%")
+        table.add_row(f"[bold]{g}[/]", "", "", "", f"{ms:.3f}", f"{hot_ms:.3f}", "", f"{100 * ms / total:.1f}%")
     for r in rows[:25]:
         table.add_row(r["call"].removesuffix("_prepacked"), _shapes(r["shapes"]), r["group"], str(r["calls"]),
-                      f"{r['ms']:.3f}", f"{r['hot_ms']:.3f}", f"{100 * r['ms'] / total:.1f}%")
+                      f"{r['ms']:.3f}", f"{r['hot_ms']:.3f}", rate(r["flops"], r["hot_ms"]), f"{100 * r['ms'] / total:.1f}%")
     console.print(table)
     console.print(f"waiting for data (in the model minus hot): {total - hot:.3f} ms; instrumented runs, "
                   "so the sums run above the timed latency")
+    counted = [r for r in rows if r["flops"]]
+    flops, counted_hot = sum(r["flops"] for r in counted), sum(r["hot_ms"] for r in counted)
+    if not flops:
+        return
+    line = (f"arithmetic of the generated kernels: {flops / 1e9:.3f} GFLOP per inference, {counted_hot:.3f} ms hot "
+            f"({rate(flops, counted_hot)} GFLOP/s)")
+    if not is_cuda(target):
+        peak = fma_peak_gflops(target)
+        line += (f"; this CPU's FMA peak, measured now: {peak:.0f} GFLOP/s, at which that arithmetic takes "
+                 f"{flops / peak / 1e6:.3f} ms (the kernels run at {100 * flops / peak / 1e6 / counted_hot:.0f}% of it)")
+    console.print(line)
 
 
 def cmd_report(args) -> int:

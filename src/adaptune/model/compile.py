@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,7 @@ from ..measure.verify import TOLERANCE, relative_error
 from ..measure.pipeline import compile_module
 from ..measure.target import is_cuda, parse_target
 from ..measure.paired import paired_seconds, sample_alternately
-from .timing import device_exclusive, time_vm, virtual_machine, vm_device  # noqa: F401  (vm_device: part of this API)
+from .timing import device_exclusive, kernel_flops, time_vm, virtual_machine, vm_device  # noqa: F401  (vm_device: part of this API)
 
 import tvm
 
@@ -112,6 +112,7 @@ class Build:
     error: float
     seconds: float
     serial: bool = False                # glue kernels serial (``serial_glue``)
+    flops: dict = field(default_factory=dict)   # operations per call of each TIR function (``kernel_flops``)
 
     @property
     def on_library(self) -> dict:
@@ -218,8 +219,10 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
             name = f"{seen[(frozenset(ops.items()), False)]}, serial glue"
         seen[key] = name
         try:
-            ex = build_tuned(model, database, target, ops, serial)
-            builds.append(Build(name, ex, ops, check(ex, model, inputs), float("inf"), serial))
+            mod = lower_tuned(model, database, target, ops, serial)
+            flops = kernel_flops(mod)
+            ex = compile_module(mod, target)
+            builds.append(Build(name, ex, ops, check(ex, model, inputs), float("inf"), serial, flops))
         except Exception as e:              # noqa: BLE001 - a library build that fails leaves the others
             if not ops:
                 raise

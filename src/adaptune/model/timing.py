@@ -1,5 +1,6 @@
 """Timing a compiled model or any callable the way TVM's evaluator does (median of repeats after a
-warm-up), and profiling a model per VM call."""
+warm-up), profiling a model per VM call, and the arithmetic that a profile's times are set against
+(each kernel's floating-point operations, the CPU's FMA peak)."""
 from __future__ import annotations
 
 import contextlib
@@ -95,17 +96,61 @@ def _kind(symbol: str) -> str:
     return "tuned kernels"
 
 
-def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
+def kernel_flops(mod) -> dict[str, float]:
+    """Floating-point operations per call of each TIR function of a lowered model, by name (TVM's
+    ``estimate_tir_flops``: what its loop nests compute, padding and transforms included), so that a
+    profile can say how near each kernel runs to the machine's peak."""
+    from tvm import s_tir
+    return {gv.name_hint: float(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": f})))
+            for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def fma_peak_gflops(target, seconds: float = 0.2) -> float:
+    """The FMA peak of this CPU on every core TVM uses, GFLOP/s: per thread, independent vector
+    accumulators (the register file less a few) updated by fused multiply-adds, nothing loaded in
+    the loop."""
+    from tvm.script import tirx as T
+
+    from ..search.expert import vector_isa
+    lanes, regs = vector_isa(target)
+    threads = tvm.get_global_func("runtime.NumThreads")()
+    acc_n, steps = regs - 8, 1 << 18
+
+    @T.prim_func
+    def fma(x: T.Buffer((threads, acc_n, lanes), "float32"), y: T.Buffer((2,), "float32")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        for p in T.parallel(threads):
+            acc = T.alloc_buffer((acc_n, lanes), "float32", scope="local")
+            for j in T.unroll(acc_n):
+                for v in T.vectorized(lanes):
+                    acc[j, v] = x[p, j, v]
+            for _ in range(steps):
+                for j in T.unroll(acc_n):
+                    for v in T.vectorized(lanes):
+                        acc[j, v] = acc[j, v] * y[0] + y[1]
+            for j in T.unroll(acc_n):
+                for v in T.vectorized(lanes):
+                    x[p, j, v] = acc[j, v]
+
+    f = tvm.compile(tvm.IRModule({"main": fma}), target=target)["main"]
+    x = tvm.runtime.tensor(np.ones((threads, acc_n, lanes), "float32"))
+    y = tvm.runtime.tensor(np.array([0.999, 0.001], "float32"))
+    t = time_callable(lambda: f(x, y), repeat=7, min_repeat_ms=int(seconds * 1e3))
+    return 2.0 * threads * acc_n * lanes * steps / t / 1e9
+
+
+def profile(executable, inputs, *, runs: int = 20, flops: dict | None = None) -> list[dict]:
     """Time per VM call of one inference (Relax VM instrumentation), mean over ``runs``, grouped.
 
-    Returns rows ``{"call", "group", "calls", "ms", "hot_ms", "shapes"}`` sorted by time; ``shapes``
+    Returns rows ``{"call", "group", "calls", "ms", "hot_ms", "shapes", "flops"}`` sorted by time; ``shapes``
     are those of the call's tensor arguments at its first call (outputs last, as the VM passes them).  ``ms`` is the call
     as the model runs it, the VM's hand-over to it included; ``hot_ms`` is the same call run once
     more just before it is timed, so that its weights and inputs are in cache.  The two kinds of
     runs alternate.  Where ``ms`` is far above ``hot_ms``, the kernel waits for its data (weights
     that do not stay cached between inferences, inputs the previous kernel left in the other core's
     cache); where they agree, the kernel's own speed sets the time.  The VM's builtins (allocation,
-    reshapes) are timed but never run twice."""
+    reshapes) are timed but never run twice.  ``flops``: each function's operations per call
+    (``kernel_flops``); a row's ``flops`` is its calls' per inference, None for a call not in it."""
     vm, dev = virtual_machine(executable)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     samples: dict[str, dict[bool, list[float]]] = {}
@@ -139,5 +184,6 @@ def profile(executable, inputs, *, runs: int = 20) -> list[dict]:
         vm["main"](*args)
     vm.set_instrument(None)
     rows = [{"call": k, "group": _kind(k), "calls": calls[k] // runs, "ms": sum(v[False]) / runs * 1e3,
-             "hot_ms": sum(v[True]) / runs * 1e3, "shapes": shapes.get(k, [])} for k, v in samples.items()]
+             "hot_ms": sum(v[True]) / runs * 1e3, "shapes": shapes.get(k, []),
+             "flops": flops[k] * (calls[k] // runs) if flops and k in flops else None} for k, v in samples.items()]
     return sorted(rows, key=lambda r: -r["ms"])
