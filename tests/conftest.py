@@ -4,6 +4,32 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+BENCH = Path(__file__).parents[1] / "bench"
+
+
+def bench_module(name: str):
+    """bench/NAME.py imported as ``bench_NAME``, with bench/ on the path only while it loads: a bare
+    ``kernels`` or ``common`` in sys.modules would shadow PyPI packages (transformers imports the
+    Hugging Face ``kernels`` package when it finds one)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    path = list(sys.path)
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec.loader.exec_module(module)                      # which may put bench/ on the path itself
+    finally:
+        sys.path[:] = path
+        sys.modules.pop("common", None)
+    return module
+
+
+@pytest.fixture(scope="session")
+def avx512_target():
+    """An AVX-512 x86 target, for tests whose schedules or rewrites are decided for 16-lane vectors
+    (the code they produce still builds and runs for the host)."""
+    import tvm
+    return tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 
 
 @pytest.fixture(scope="session")

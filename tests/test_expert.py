@@ -190,11 +190,8 @@ def test_tune_op_prints_onednn_beside_the_tuned_kernel_and_writes_json(tmp_path,
 
 
 def test_the_kernels_benchmark_lists_each_shape_once():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-    import kernels
+    from conftest import bench_module
+    kernels = bench_module("kernels")
 
     every = kernels.layers(list(kernels.GROUPS))
     assert len({(w.kind, w.shape) for w in every.values()}) == len(every)
@@ -226,11 +223,8 @@ def test_the_kernels_benchmark_pairs_each_kernel_with_onednn(monkeypatch):
     medians (here 1.65x for a kernel 10% slower than oneDNN); paired with oneDNN's sample of the
     same round, the kernel stays 1.1x."""
     import statistics
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-    import kernels
+    from conftest import bench_module
+    kernels = bench_module("kernels")
 
     turns, own = [], {"ours": [], "onednn": []}
 
@@ -247,15 +241,16 @@ def test_the_kernels_benchmark_pairs_each_kernel_with_onednn(monkeypatch):
     assert seconds["ours"] / seconds["onednn"] == pytest.approx(1.1)
 
 
-def test_a_1kb_accumulator_tile_stays_on_the_stack_and_computes_the_same(target):
+def test_a_1kb_accumulator_tile_stays_on_the_stack_and_computes_the_same(target, avx512_target):
     """A 4 x 64 float tile (1024 bytes) is one ``TVMBackendAllocWorkspace`` call per tile in TVM's own
-    pipeline; adaptune's (``measure/pipeline.py``) leaves it to LLVM's stack, bit for bit the same."""
+    pipeline; adaptune's (``measure/pipeline.py``) leaves it to LLVM's stack, bit for bit the same.
+    The tile is a point of the AVX-512 space (16 zmm); it is built and run for the host."""
     from adaptune._tvm import ms, tvm
     from adaptune.measure.build import fast_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     wl = get_workload("conv2d_nhwc:1,16,8,8,64,3,3,1,1")
-    space = KnobSpace(wl.mod(), target, seed=1, spaces="expert")
+    space = KnobSpace(wl.mod(), avx512_target, seed=1, spaces="expert")
     config = space.random(1, np.random.default_rng(0))[0]
     config[0] = 2                                              # vector block 64 (4 zmm per row)
     wb = next(k for k, knob in enumerate(space.knobs) if space.active[2, k] and knob.values == [1, 2, 4])
