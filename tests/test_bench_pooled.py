@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-from pooled import pair  # noqa: E402
+from conftest import BENCH, bench_module
+
+pair = bench_module("pooled").pair
 
 
 def _run(root: Path, layer: str, ours, theirs):

@@ -178,23 +178,25 @@ def test_paper_bench_has_jobs_and_its_runs_pickle():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "paper.py"), "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--jobs" in out.stdout
+    path = list(sys.path)                  # paper.py puts bench/ on the path itself
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         from common import Run
     finally:
-        sys.path.remove(str(ROOT / "bench"))
+        sys.path[:] = path
     run = Run("rl+as", "L2", [(1, 0.5, 1e-3)], 1e-3, 2.0, 0.5, 1, True, [3], 0.1)
     assert pickle.loads(pickle.dumps(run)) == run
 
 
 def test_paper_bench_resumes_a_finished_run_and_saves_each_as_it_ends(tmp_path, capsys):
     """A stopped paper.py keeps its finished runs (OUT/runs) and --resume reuses exactly those."""
+    path = list(sys.path)                  # paper.py puts bench/ on the path itself
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import paper
         from common import Run
     finally:
-        sys.path.remove(str(ROOT / "bench"))
+        sys.path[:] = path
     run = Run("rl+as", "L2", [[1, 0.5, 1e-3]], 1e-3, 2.0, 0.5, 1, True, [3], 0.1)
     key = {"target": "T", "trials": 8, "batch": 4, "seed": 0}
     (tmp_path / "runs").mkdir()
