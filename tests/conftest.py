@@ -1,3 +1,4 @@
+import contextlib
 import sys
 from pathlib import Path
 
@@ -7,20 +8,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 BENCH = Path(__file__).parents[1] / "bench"
 
 
-def bench_module(name: str):
-    """bench/NAME.py imported as ``bench_NAME``, with bench/ on the path only while it loads: a bare
-    ``kernels`` or ``common`` in sys.modules would shadow PyPI packages (transformers imports the
+@contextlib.contextmanager
+def bench_on_path():
+    """bench/ on sys.path for the block only, as the bench scripts put it there themselves: a bare
+    ``kernels`` or ``common`` left importable would shadow PyPI packages (transformers imports the
     Hugging Face ``kernels`` package when it finds one)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
     path = list(sys.path)
     sys.path.insert(0, str(BENCH))
     try:
-        spec.loader.exec_module(module)                      # which may put bench/ on the path itself
+        yield
     finally:
         sys.path[:] = path
         sys.modules.pop("common", None)
+
+
+def bench_module(name: str):
+    """bench/NAME.py imported as ``bench_NAME`` (see ``bench_on_path``)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    with bench_on_path():
+        spec.loader.exec_module(module)
     return module
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import bench_module, bench_on_path
 
 from adaptune._tvm import ms
 from adaptune.measure.run import OK, DeviceLock, LockedRunner, Measurer, RPCDevice
@@ -178,25 +179,16 @@ def test_paper_bench_has_jobs_and_its_runs_pickle():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "paper.py"), "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--jobs" in out.stdout
-    path = list(sys.path)                  # paper.py puts bench/ on the path itself
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
+    with bench_on_path():                  # as paper.py's job processes import it
         from common import Run
-    finally:
-        sys.path[:] = path
-    run = Run("rl+as", "L2", [(1, 0.5, 1e-3)], 1e-3, 2.0, 0.5, 1, True, [3], 0.1)
-    assert pickle.loads(pickle.dumps(run)) == run
+        run = Run("rl+as", "L2", [(1, 0.5, 1e-3)], 1e-3, 2.0, 0.5, 1, True, [3], 0.1)
+        assert pickle.loads(pickle.dumps(run)) == run
 
 
 def test_paper_bench_resumes_a_finished_run_and_saves_each_as_it_ends(tmp_path, capsys):
     """A stopped paper.py keeps its finished runs (OUT/runs) and --resume reuses exactly those."""
-    path = list(sys.path)                  # paper.py puts bench/ on the path itself
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import paper
-        from common import Run
-    finally:
-        sys.path[:] = path
+    paper = bench_module("paper")
+    Run = paper.Run
     run = Run("rl+as", "L2", [[1, 0.5, 1e-3]], 1e-3, 2.0, 0.5, 1, True, [3], 0.1)
     key = {"target": "T", "trials": 8, "batch": 4, "seed": 0}
     (tmp_path / "runs").mkdir()
