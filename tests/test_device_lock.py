@@ -12,14 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import bench_module, bench_on_path
+from conftest import BENCH, bench_module, bench_on_path
 
 from adaptune._tvm import ms
 from adaptune.measure.run import OK, DeviceLock, LockedRunner, Measurer, RPCDevice
 from adaptune.measure.target import parse_target
 from adaptune.model.workloads import get_workload
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET = parse_target("llvm")
 
 
@@ -176,7 +175,7 @@ def test_rpc_runs_take_no_lock(tmp_path):
 
 
 def test_paper_bench_has_jobs_and_its_runs_pickle():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "paper.py"), "--help"],
+    out = subprocess.run([sys.executable, str(BENCH / "paper.py"), "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--jobs" in out.stdout
     with bench_on_path():                  # as paper.py's job processes import it

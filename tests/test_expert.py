@@ -4,6 +4,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import bench_module
 
 from adaptune.cli.ops import check_numerics
 from adaptune.measure.target import parse_target
@@ -190,7 +191,6 @@ def test_tune_op_prints_onednn_beside_the_tuned_kernel_and_writes_json(tmp_path,
 
 
 def test_the_kernels_benchmark_lists_each_shape_once():
-    from conftest import bench_module
     kernels = bench_module("kernels")
 
     every = kernels.layers(list(kernels.GROUPS))
@@ -223,7 +223,6 @@ def test_the_kernels_benchmark_pairs_each_kernel_with_onednn(monkeypatch):
     medians (here 1.65x for a kernel 10% slower than oneDNN); paired with oneDNN's sample of the
     same round, the kernel stays 1.1x."""
     import statistics
-    from conftest import bench_module
     kernels = bench_module("kernels")
 
     turns, own = [], {"ours": [], "onednn": []}
