@@ -80,11 +80,13 @@ def test_a_depthwise_separable_kernel_computes_its_depthwise_rows_inside_the_poi
 @pytest.mark.parametrize("spec,stationary", [("conv2d_nhwc:1,64,4,6,48,3,3,1,1", True),
                                              ("conv2d_nhwc:1,96,3,3,64,1,1,1,0", True),
                                              ("conv2d_nhwc:1,16,14,14,16,3,3,1,1", False),
+                                             ("conv2d_nhwc:1,16,4,4,96,1,1,1,0", False),    # an expansion
                                              ("depthwise_nhwc:1,24,15,15,3,2,1", False),
                                              ("linear:6,48,400", False)])
 def test_the_outer_tile_order_follows_the_operand_sizes(spec, stationary, target):
-    """Weights-stationary (channel blocks outermost) exactly for convolutions whose weights are the
-    larger operand; the fused parallel loop then starts with the channel blocks."""
+    """Weights-stationary (channel blocks outermost) exactly for convolutions whose weights outweigh
+    input and output together (an expansion's weights outweigh only its input); the fused parallel
+    loop then starts with the channel blocks."""
     sch = s_tir.Schedule(get_workload(spec).mod())
     assert weights_stationary(sch, _reduction_block(sch)) == stationary
     space = KnobSpace(get_workload(spec).mod(), target, seed=1, spaces="expert")
@@ -191,7 +193,7 @@ def test_tune_op_prints_onednn_beside_the_tuned_kernel_and_writes_json(tmp_path,
 
 
 def test_the_kernels_benchmark_lists_each_shape_once():
-    kernels = bench_module("kernels")
+    kernels = bench_module("kernels_vs_onednn")
 
     every = kernels.layers(list(kernels.GROUPS))
     assert len({(w.kind, w.shape) for w in every.values()}) == len(every)
@@ -223,7 +225,7 @@ def test_the_kernels_benchmark_pairs_each_kernel_with_onednn(monkeypatch):
     medians (here 1.65x for a kernel 10% slower than oneDNN); paired with oneDNN's sample of the
     same round, the kernel stays 1.1x."""
     import statistics
-    kernels = bench_module("kernels")
+    kernels = bench_module("kernels_vs_onednn")
 
     turns, own = [], {"ours": [], "onednn": []}
 

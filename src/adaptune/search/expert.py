@@ -9,7 +9,7 @@ sane kernel.  This is such a template, written as a MetaSchedule ``ScheduleFn`` 
 The kernel (for ``out[n, h, w, co] += in[n, h*s + kh, w*s + kw, ci] * wt[co, kh, kw, ci]``, the
 same with ``ci`` of extent 1 for depthwise, and ``out[.., i, j] += a[.., i, k] * b[.., j, k]``):
 
-    parallel for n, h, w_o, co_o            (fused; co_o first where the weights outweigh the input)
+    parallel for n, h, w_o, co_o            (fused; co_o first where the weights outweigh input + output)
       for ci_o, kh, kw, ci_i                 (ci split: knob; kh, kw unrolled by the unroll knob)
         for w_i                              (register block over output width: knob, unrolled)
           vectorised for co_v                (output-channel vector block: one design space each)
@@ -28,10 +28,13 @@ Relax marks model weights).  The expert and the generic spaces can be one task's
 
 The order of the outer tiles follows the operands' sizes, not a knob: in a model the weights come
 from DRAM (a ResNet's do not fit in L3) while the input was just written, so a convolution whose
-weights are larger than its input walks the output-channel blocks outermost and streams each weight
-block once (weights-stationary).  Hot-cache timing, which tuning measures, cannot tell the two
-orders apart; in ResNet-50 with its weights cold the rule saves 0.03-0.13 ms per late layer
-(docs/decisions.md, session 54).
+weights outweigh its input and output together walks the output-channel blocks outermost and
+streams each weight block once (weights-stationary); every other kernel splits its rows between
+the cores, as the next kernel reads them, so an activation stays on the core that wrote it.
+Hot-cache timing, which tuning measures, cannot tell the two orders apart; in the model the rule
+saves 0.03-0.13 ms per late ResNet-50 layer and 4-5% of MobileNetV2, whose 14x14 expansions
+split by channels made the next kernel fetch half its input from the other core
+(docs/decisions.md, sessions 54 and 77).
 """
 from __future__ import annotations
 
@@ -144,14 +147,14 @@ def _depthwise_at(sch, loop, depthwise, chain, lanes: int) -> None:
 
 
 def weights_stationary(sch, block) -> bool:
-    """Whether a convolution's weights hold more elements than its (padded) input, so the template
-    runs the output-channel blocks outermost (module doc).  Never for a matmul: Winograd's batched
-    GEMMs measured slower that way even with their weights cold."""
+    """Whether a convolution's weights hold more elements than its (padded) input and its output
+    together, so the template runs the output-channel blocks outermost (module doc).  Never for a
+    matmul: Winograd's batched GEMMs measured slower that way even with their weights cold."""
     if sch.get(block).name_hint not in CONV_BLOCKS:
         return False
     size = lambda r: math.prod(int(d) for d in r.source.shape)     # noqa: E731
     data, weight = sch.get(block).reads[:2]
-    return size(weight) > size(data)
+    return size(weight) > size(data) + size(sch.get(block).writes[0])
 
 
 def _is_padding(sch, block) -> bool:
