@@ -12,10 +12,10 @@ Layers: Chameleon's L1-L8, the distinct convolutions of ResNet-18 and ResNet-50 
 weights packed once), BERT-base's three dense shapes (128 tokens).  Issue 33's targets: the expert
 space's geomean >= 1.0x oneDNN at 256 trials and >= 0.9x at 64.
 
-    python bench/kernels.py                        # 37 layers, both spaces: ~3.5 h on 2 cores (~4 min a layer generic, ~1.7 expert)
-    python bench/kernels.py --spaces expert        # issue 33's targets alone: ~1 h
-    python bench/kernels.py --layers paper bert --spaces expert
-    python bench/kernels.py --layers L2 resnet18 --trials 32 128
+    python bench/kernels_vs_onednn.py                    # 37 layers, both spaces: ~3.5 h on 2 cores (~4 min a layer generic, ~1.7 expert)
+    python bench/kernels_vs_onednn.py --spaces expert    # issue 33's targets alone: ~1 h
+    python bench/kernels_vs_onednn.py --layers paper bert --spaces expert
+    python bench/kernels_vs_onednn.py --layers L2 resnet18 --trials 32 128
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def layers(names) -> dict[str, Workload]:
         if group is None:
             found = [g[name] for g in GROUPS.values() if name in g]
             if not found:
-                sys.exit(f"kernels.py: unknown layer {name!r}; use a group ({', '.join(GROUPS)}) or a name in one")
+                sys.exit(f"kernels_vs_onednn.py: unknown layer {name!r}; use a group ({', '.join(GROUPS)}) or a name in one")
             group = {name: found[0]}
         for label, wl in group.items():
             if (wl.kind, wl.shape) not in seen:
