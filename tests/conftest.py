@@ -11,9 +11,8 @@ BENCH = Path(__file__).parents[1] / "bench"
 @contextlib.contextmanager
 def bench_on_path():
     """bench/ on sys.path for the block only, as the bench scripts put it there themselves: their
-    bare module names (``common``) left importable could shadow a PyPI package in later tests
-    (bench/kernels.py once shadowed Hugging Face's ``kernels``, which transformers imports; it is
-    bench/kernels_vs_onednn.py now)."""
+    bare module names (``common``, ``paper``) left importable could shadow PyPI packages in later
+    tests."""
     path = list(sys.path)
     sys.path.insert(0, str(BENCH))
     try:

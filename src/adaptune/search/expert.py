@@ -150,11 +150,12 @@ def weights_stationary(sch, block) -> bool:
     """Whether a convolution's weights hold more elements than its (padded) input and its output
     together, so the template runs the output-channel blocks outermost (module doc).  Never for a
     matmul: Winograd's batched GEMMs measured slower that way even with their weights cold."""
-    if sch.get(block).name_hint not in CONV_BLOCKS:
+    stmt = sch.get(block)
+    if stmt.name_hint not in CONV_BLOCKS:
         return False
     size = lambda r: math.prod(int(d) for d in r.source.shape)     # noqa: E731
-    data, weight = sch.get(block).reads[:2]
-    return size(weight) > size(data) + size(sch.get(block).writes[0])
+    data, weight = stmt.reads[:2]
+    return size(weight) > size(data) + size(stmt.writes[0])
 
 
 def _is_padding(sch, block) -> bool:
