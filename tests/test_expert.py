@@ -77,6 +77,69 @@ def test_a_depthwise_separable_kernel_computes_its_depthwise_rows_inside_the_poi
             assert ok, f"design space {s}: {why}"
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_an_expanded_separable_kernel_computes_each_bands_expansion_inside_its_parallel_loop(stride, target,
+                                                                                             monkeypatch):
+    """``fuse_separable``'s kernel with the 1x1 expansion before the depthwise one (L2 made small so
+    that it forms): one design space per pair of vector blocks, each building and computing what the
+    untuned kernel does, with one parallel loop over bands of rows and the expansion inside it."""
+    import torch
+    from adaptune.measure.verify import KernelChecker
+    from adaptune.model import graph
+    from adaptune.model.frontends import load_model
+
+    monkeypatch.setattr(graph, "l2_bytes", lambda: 1024)
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(32, 32, 3, stride, 1, groups=32), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(32, 48, 1))
+    tasks, _ = graph.extract_tasks(graph.optimise(load_model(block.eval(), input_shape=(1, 16, 16, 16)).mod), target)
+    (task,) = [t for t in tasks if "expanded_separable" in t.name]
+    assert covers(task.mod, target)
+    space = KnobSpace(task.mod, target, seed=1, spaces="expert")
+    lanes = vector_isa(target)[0]
+    assert len(space.traces) == len(vector_blocks(48, lanes)) * len(vector_blocks(32, lanes))
+    checker, rng = KernelChecker(task.mod, target), np.random.default_rng(0)
+    for s in range(len(space.traces)):
+        configs = space.random(2, rng)
+        configs[:, 0] = s
+        for sch, why, _ in space.decode_many(configs):
+            assert sch is not None, why
+            script = str(sch.mod["main"])
+            assert script.count("T.parallel") == 1
+            assert script.index("T.parallel") < script.index('T.sblock("conv2d_nhwc_update"')   # the expansion
+            ok, why = checker.check(sch.mod)
+            assert ok, f"design space {s}: {why}"
+
+
+@pytest.mark.parametrize("padding", [0, 1])
+def test_a_convolution_of_the_nchw_input_transposes_it_in_its_padding_pass(padding, target):
+    """``kernel_rewrites.fuse_input_transpose``'s kernel (the model's NCHW input -> conv + ReLU):
+    every expert design space builds and computes what the untuned kernel does, with the transpose
+    inlined (into the padding pass where there is one), no loop nest of its own."""
+    import torch
+    from adaptune.measure.verify import KernelChecker
+    from adaptune.model.frontends import load_model
+    from adaptune.model.graph import extract_tasks, optimise
+
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, 2, padding), torch.nn.ReLU())
+    tasks, _ = extract_tasks(optimise(load_model(conv.eval(), input_shape=(1, 3, 17, 17)).mod), target)
+    (task,) = [t for t in tasks if "nchw_input" in t.name]
+    assert covers(task.mod, target)
+    space = KnobSpace(task.mod, target, seed=1, spaces="expert")
+    checker, rng = KernelChecker(task.mod, target), np.random.default_rng(0)
+    for s in range(len(space.traces)):
+        configs = space.random(2, rng)
+        configs[:, 0] = s
+        for sch, why, _ in space.decode_many(configs):
+            assert sch is not None, why
+            script = str(sch.mod["main"])
+            assert "T_transpose" not in script and script.count("T.parallel") == 1 + padding
+            ok, why = checker.check(sch.mod)
+            assert ok, f"design space {s}: {why}"
+
+
 @pytest.mark.parametrize("spec,stationary", [("conv2d_nhwc:1,64,4,6,48,3,3,1,1", True),
                                              ("conv2d_nhwc:1,96,3,3,64,1,1,1,0", True),
                                              ("conv2d_nhwc:1,16,14,14,16,3,3,1,1", False),

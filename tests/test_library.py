@@ -194,7 +194,9 @@ def test_offloaded_model_matches_pytorch_and_only_layout_and_glue_stay_in_tvm(bl
 
 
 def test_each_chain_maps_to_the_task_of_its_own_fused_kernel(block, target, empty_db, monkeypatch, capsys):
-    """... and the plan after tuning reuses the library timings tuning measured for the floors."""
+    """... the chain that reads the model's NCHW input too, whose own module transposes it first as
+    the model does (one kernel: ``kernel_rewrites.fuse_input_transpose``); and the plan after tuning
+    reuses the library timings tuning measured for the floors."""
     from adaptune.model.graph import extract_tasks
     optimised = optimise(block.mod)
     tasks, _ = extract_tasks(optimised, target)
@@ -203,6 +205,7 @@ def test_each_chain_maps_to_the_task_of_its_own_fused_kernel(block, target, empt
     names = {t.name for t in tasks}
     assert len(floors) == 4 and set(floors) <= names and all(s > 0 for s in floors.values())
     assert all(("conv2d" in n or "matmul" in n) for n in floors)
+    assert sum("nchw_input" in n for n in floors) == 1
 
     def no_second_timing(self, **kw):
         raise AssertionError(f"{self.label} timed twice")

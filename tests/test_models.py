@@ -86,8 +86,8 @@ def test_relax_module_frontend_uses_the_untuned_build_as_reference(target):
     m = load_model(bb.get())
     assert m.kind == "relax" and m.inputs == [("x", (1, 4, 8, 8), "float32")]
     tasks, _ = extract_tasks(optimise(m.mod), target)
-    # the NHWC graph: the fused conv, and a transpose at each edge of the model
-    assert sorted(t.name.rstrip("0123456789") for t in tasks) == ["fused_conv2d_relu", "transpose", "transpose"]
+    # the NHWC graph: the fused conv reading the NCHW input itself, and a transpose at the output
+    assert sorted(t.name.rstrip("0123456789") for t in tasks) == ["fused_conv2d_nchw_input_relu", "transpose"]
     assert C.check(C.build_untuned(m, target), m) == 0.0
 
 
@@ -99,7 +99,8 @@ def test_zoo_models_import_and_split_into_tasks(name, target):
     assert m.inputs[0][1] == zoo.MODELS[name][1]
     tasks, summary = extract_tasks(optimise(m.mod), target)
     n_convs = sum(isinstance(x, zoo.nn.Conv2d) for x in m.torch_module.modules())
-    convs = lambda t: 2 if "separable_conv2d" in t.name else 1          # noqa: E731 - depthwise + 1x1 in one kernel
+    # a separable kernel holds a depthwise conv and the 1x1 after it; an expanded one the 1x1 before it too
+    convs = lambda t: 3 if "expanded_separable" in t.name else 2 if "separable" in t.name else 1  # noqa: E731
     assert sum(t.weight * convs(t) for t in tasks if "conv2d" in t.name) == n_convs
     if name == "mobilenetv2" and x86_lanes(target):        # every depthwise conv but the four at 7x7 (kernel_rewrites)
         assert sum(t.weight for t in tasks if "separable_conv2d" in t.name) == 17 - 4
@@ -268,6 +269,43 @@ def test_convolutions_short_of_whole_vectors_run_padded_with_their_epilogues_fus
     assert C.check(tvm.compile(fused, target=target), m) < 1e-5
 
 
+def test_the_nchw_input_is_read_by_the_convolutions_it_feeds(target):
+    """The transposes ``ConvertLayout`` puts at the model's NCHW input are no kernels of their own:
+    each convolution reading the input (24 channels: padded to 32 on AVX-512) reads the NCHW tensor,
+    with its bias and ReLU fused; only the output's transpose is left; the module matches PyTorch."""
+    import torch
+    from adaptune.model.graph import fuse, fuse_input_transpose
+
+    class Stem(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = torch.nn.Conv2d(3, 24, 3, 2, 1), torch.nn.Conv2d(24, 16, 1)
+
+        def forward(self, x):
+            return self.c2(torch.relu(self.c1(x)))
+
+    class TwoReaders(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = torch.nn.Conv2d(3, 16, 3, 1, 1), torch.nn.Conv2d(3, 16, 1)
+
+        def forward(self, x):
+            return torch.relu(self.c1(x)) + self.c2(x)
+
+    torch.manual_seed(0)
+    for net, readers in ((Stem(), 1), (TwoReaders(), 2)):
+        m = load_model(net.eval(), input_shape=(1, 3, 12, 12))
+        fused = fuse(fuse_input_transpose(optimise(m.mod), lanes=16), target)
+        counts = {k.removeprefix("kernel:"): n for k, n in op_counts(fused).items() if k.startswith("kernel:")}
+        assert sum(n for k, n in counts.items() if "transpose" in k) == 1, counts     # the output's
+        nchw = [k for k in counts if "conv2d_nchw_input" in k]
+        assert len(nchw) == readers and any("relu" in k for k in nchw), counts
+        assert all([int(d) for d in fused[k].params[0].shape] == [1, 3, 12, 12] for k in nchw)
+        if readers == 1:
+            assert int(fused[nchw[0]].params[1].shape[0]) == 32               # the zero-padded weight
+        assert C.check(tvm.compile(fused, target=target), m) < 1e-5
+
+
 def test_a_depthwise_convolution_and_the_pointwise_one_it_feeds_only_are_one_kernel(target, avx512_target):
     """dw + BatchNorm + ReLU6 -> 1x1 (24 channels, padded to 32) is one kernel; a depthwise conv whose
     channels are not whole vectors, one whose output is read twice, one feeding a 3x3 conv and one
@@ -304,6 +342,44 @@ def test_a_depthwise_convolution_and_the_pointwise_one_it_feeds_only_are_one_ker
     assert len(separable) == 1
     assert [int(p.shape[0]) for p in fused[separable[0]].params[1:3]] == [32, 32]   # dw weight, padded 1x1
     assert sum("conv2d" in k and "separable" not in k for k in kernels) == 8      # dw2-5, pw2, c3, pw4, pw5
+    assert C.check(tvm.compile(fused, target=target), m) < 1e-5
+
+
+def test_an_expansion_that_outgrows_the_l2_caches_joins_its_depthwise_separable_kernel(target, avx512_target,
+                                                                                       monkeypatch):
+    """1x1 expansion + ReLU6 -> depthwise (stride 1, 2) + ReLU6 -> 1x1 projection is one kernel where
+    the expanded tensor is larger than the cores' L2 together (made small here), its input the
+    block's input; an expansion whose output is read twice, and every expansion where the L2 holds
+    it, stay kernels of their own; the module computes what PyTorch does."""
+    import torch
+    import torch.nn.functional as F
+    from adaptune.model import graph
+    from adaptune.model.graph import fuse
+
+    class Inverted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            conv = torch.nn.Conv2d
+            self.e1, self.d1, self.p1 = conv(16, 32, 1), conv(32, 32, 3, 1, 1, groups=32), conv(32, 16, 1)
+            self.e2, self.d2, self.p2 = conv(16, 48, 1), conv(48, 48, 3, 2, 1, groups=48), conv(48, 24, 1)
+            self.e3, self.d3, self.p3 = conv(24, 32, 1), conv(32, 32, 3, 1, 1, groups=32), conv(32, 24, 1)
+
+        def forward(self, x):
+            y = x + self.p1(F.relu6(self.d1(F.relu6(self.e1(x)))))
+            y = self.p2(F.relu6(self.d2(F.relu6(self.e2(y)))))
+            e = F.relu6(self.e3(y))
+            return self.p3(F.relu6(self.d3(e))) + e.mean()
+
+    torch.manual_seed(0)
+    m = load_model(Inverted().eval(), input_shape=(1, 16, 12, 12))
+    kernels = lambda f: [k.removeprefix("kernel:") for k in op_counts(f) if k.startswith("kernel:")]  # noqa: E731
+    assert not any("expanded" in k for k in kernels(fuse(optimise(m.mod), avx512_target)))
+    monkeypatch.setattr(graph, "l2_bytes", lambda: 4096)        # 8 KB on 2 cores: 12x12x32 is 18 KB
+    fused = fuse(optimise(m.mod), avx512_target)
+    expanded = sorted(k for k in kernels(fused) if "expanded_separable" in k)
+    assert len(expanded) == 2 and sum("separable" in k for k in kernels(fused)) == 3, kernels(fused)
+    assert sorted(tuple(int(d) for d in fused[k].params[1].shape) for k in expanded) == [(32, 1, 1, 16), (48, 1, 1, 16)]
+    assert all([int(d) for d in fused[k].params[0].shape] == [1, 12, 12, 16] for k in expanded)
     assert C.check(tvm.compile(fused, target=target), m) < 1e-5
 
 

@@ -1,11 +1,14 @@
 """Kernel rewrites on the Relax graph before legalisation, for x86's vector width: output channels
-padded to whole vectors (``pad_output_channels``), and each depthwise convolution fused with the 1x1
-one it alone feeds (``fuse_separable``).  Each rewritten kernel is one ``call_te`` PrimFunc marked
+padded to whole vectors (``pad_output_channels``), each depthwise convolution fused with the 1x1
+one it alone feeds (``fuse_separable``), and the model's NCHW input read by its first convolution
+itself (``fuse_input_transpose``).  Each rewritten kernel is one ``call_te`` PrimFunc marked
 output-elementwise fusable, so Relax still fuses the bias, residual and activation behind it, and
 the expert template (``search/expert.py``) schedules it."""
 from __future__ import annotations
 
+import math
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -101,7 +104,58 @@ def pad_output_channels(mod, lanes: int) -> "tvm.IRModule":
     return mutate_each(mod, _Pad)
 
 
-def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
+def fuse_input_transpose(mod, lanes: int) -> "tvm.IRModule":
+    """Each NHWC convolution whose input is an NCHW tensor transposed (the model's input:
+    ``ConvertLayout`` transposes it at the edge) reads the NCHW tensor itself, so the transpose
+    happens in the convolution's padding pass (the expert template inlines it there) instead of in
+    a kernel of its own that writes a copy (MobileNetV2's 224x224x3 input: 0.03 ms of 2.3 in the
+    model); other readers of the transposed tensor keep the transpose.  Output channels are padded
+    as ``pad_output_channels`` does."""
+
+    @relax.expr_functor.mutator
+    class _Transposed(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            attrs = _conv_attrs(call)
+            x = call.args[0]
+            if attrs is None or not isinstance(x, relax.Var):
+                return call
+            t = self.lookup_binding(x)
+            if not (isinstance(t, relax.Call) and isinstance(t.op, tvm.ir.Op) and t.op.name == "relax.permute_dims"
+                    and t.attrs.axes is not None and [int(a) for a in t.attrs.axes] == [0, 2, 3, 1]):
+                return call
+            strides, padding, dilation, groups = attrs
+            w = call.args[1].value.numpy()
+            co = w.shape[0]
+            padded = padded_channels(co, lanes) if groups == 1 else co
+
+            def transposed_conv(data, filt):
+                y = topi.nn.conv(topi.transpose(data, [0, 2, 3, 1]), filt, stride=strides, padding=padding,
+                                 dilation=dilation, groups=groups, data_layout="NHWC", kernel_layout="OHWI")
+                return y if padded == co else _sliced(y, co)
+            weight = call.args[1] if padded == co else relax.const(_padded_weight(w, padded))
+            return _output_kernel(self.builder_, "conv2d_nchw_input", transposed_conv, t.args[0], weight)
+
+    return mutate_each(mod, _Transposed)
+
+
+def l2_bytes() -> int:
+    """Bytes of L2 cache per core of this CPU (Linux sysfs), 1 MiB where that cannot be read."""
+    try:
+        size = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+        return int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1] in "KM" else int(size)
+    except (OSError, ValueError, IndexError):
+        return 1 << 20
+
+
+def _pointwise(call) -> bool:
+    """Whether ``call`` is a 1x1, stride-1, unpadded, ungrouped NHWC convolution with a constant weight."""
+    attrs = _conv_attrs(call)
+    return attrs is not None and attrs[3] == 1 and call.args[1].value.shape[1:3] == (1, 1) \
+        and attrs[0] == [1, 1] and not any(attrs[1])
+
+
+def fuse_separable(mod, lanes: int, l2_total: int | None = None) -> "tvm.IRModule":
     """Each depthwise convolution whose (bias, activation) output feeds a 1x1 convolution only
     becomes one kernel with it (a depthwise-separable block's second half: MobileNetV2's depthwise
     and projection), which the expert template schedules with the depthwise rows of each output tile
@@ -114,7 +168,13 @@ def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
     or the pointwise weight is larger than the depthwise output (more output channels than pixels):
     each parallel tile would read the whole weight again, where apart the pointwise kernel reads each
     weight block once (MobileNetV2's 7x7 layers, 960x320 weights for 49 pixels: 0.135 ms fused,
-    0.108 apart; docs/decisions.md, session 65)."""
+    0.108 apart; docs/decisions.md, session 65).
+
+    Where the (padded) depthwise convolution's input is a 1x1 convolution's (bias, activation)
+    output larger than ``l2_total`` bytes (the cores' L2 together) that only it reads, that 1x1
+    convolution joins the kernel too (an inverted residual's expansion: MobileNetV2's 112x112x96,
+    4.8 MB): apart, the expanded tensor goes out to L3 and comes back; the template computes it in
+    bands of rows that stay in L2 (``expert._expansion_at``)."""
     uses = _uses(mod)
 
     @relax.expr_functor.mutator
@@ -123,23 +183,33 @@ def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
             """The call that computes ``expr`` where this kernel is its only reader, else None."""
             return self.lookup_binding(expr) if isinstance(expr, relax.Var) and uses[expr] == 1 else None
 
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            attrs = _conv_attrs(call)
-            if attrs is None or attrs[3] != 1 or call.args[1].value.shape[1:3] != (1, 1) \
-                    or attrs[0] != [1, 1] or any(attrs[1]):
-                return call
-            epilogue, x = [], self._producer(call.args[0])
+        def _epilogue(self, expr):
+            """(the elementwise ``SEPARABLE_EPILOGUE`` ops computing ``expr``, last first, and the call
+            before them), read by this kernel only; None where one takes a non-constant operand."""
+            epilogue, x = [], self._producer(expr)
             while isinstance(x, relax.Call) and isinstance(x.op, tvm.ir.Op) and x.op.name in SEPARABLE_EPILOGUE:
                 const = None if x.op.name in UNARY_EPILOGUE else x.args[1]
                 if const is not None and not isinstance(const, tvm.ir.expr.Constant):
-                    return call
+                    return None
                 epilogue.append((SEPARABLE_EPILOGUE[x.op.name], const))
                 x = self._producer(x.args[0])
-            dw = _conv_attrs(x)
-            if not epilogue or dw is None:
+            return epilogue, x
+
+        def _expansion(self, expr):
+            """(the 1x1 convolution, its epilogue) computing a depthwise convolution's input ``expr``
+            where that is larger than ``l2_total`` and only the depthwise convolution reads it."""
+            if l2_total is None or math.prod(int(d) for d in expr.ty.shape) * 4 <= l2_total:
+                return None
+            found = self._epilogue(expr)
+            return (found[1], found[0]) if found and found[0] and _pointwise(found[1]) else None
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            found = self._epilogue(call.args[0]) if _pointwise(call) else None
+            if not found or not found[0] or _conv_attrs(found[1]) is None:
                 return call
-            strides, padding, dilation, groups = dw
+            epilogue, x = found
+            strides, padding, dilation, groups = _conv_attrs(x)
             channels = int(x.args[0].ty.shape[3])
             if groups != channels or int(x.args[1].ty.shape[0]) != channels or channels % lanes:
                 return call
@@ -148,11 +218,19 @@ def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
             if co > int(x.ty.shape[1]) * int(x.ty.shape[2]):
                 return call                     # the pointwise weight outweighs the depthwise output
             padded = padded_channels(co, lanes)
+            expansion = self._expansion(x.args[0]) if any(padding) else None
+            exp_epilogue = expansion[1] if expansion else []
 
-            def separable(data, dw_filt, proj_filt, *consts):
+            def separable(data, *args):
+                args = list(args)
+                if expansion:
+                    data = topi.nn.conv(data, args.pop(0), stride=1, padding=0, dilation=1, groups=1,
+                                        data_layout="NHWC", kernel_layout="OHWI")
+                    for op, const in reversed(exp_epilogue):
+                        data = op(data) if const is None else op(data, args.pop(0))
+                dw_filt, proj_filt, *consts = args
                 y = topi.nn.conv(data, dw_filt, stride=strides, padding=padding, dilation=dilation,
                                  groups=channels, data_layout="NHWC", kernel_layout="OHWI")
-                consts = list(consts)
                 for op, const in reversed(epilogue):
                     y = op(y) if const is None else op(y, consts.pop(0))
                 y = topi.nn.conv(y, proj_filt, stride=1, padding=0, dilation=1, groups=1,
@@ -160,6 +238,11 @@ def fuse_separable(mod, lanes: int) -> "tvm.IRModule":
                 return y if padded == co else _sliced(y, co)
             consts = [c for _, c in reversed(epilogue) if c is not None]
             proj = relax.const(w if padded == co else _padded_weight(w, padded))
+            if expansion:
+                e = expansion[0]
+                inputs = [e.args[0], e.args[1], *[c for _, c in reversed(exp_epilogue) if c is not None]]
+                return _output_kernel(self.builder_, "expanded_separable_conv2d", separable, *inputs,
+                                      x.args[1], proj, *consts)
             return _output_kernel(self.builder_, "separable_conv2d", separable, x.args[0], x.args[1], proj, *consts)
 
     return mutate_each(mod, _Separable)

@@ -19,7 +19,10 @@ same with ``ci`` of extent 1 for depthwise, and ``out[.., i, j] += a[.., i, k] *
 so a ``w_i x co_v`` block of the output stays in vector registers for the whole reduction.  A
 depthwise-separable kernel (``kernel_rewrites.fuse_separable``: a depthwise convolution feeding a 1x1 one) is
 the 1x1 micro-kernel with the depthwise rows of each parallel tile computed inside it, just before
-the channel blocks that read them (``_depthwise_at``).  Each
+the channel blocks that read them (``_depthwise_at``); where a 1x1 expansion feeds the depthwise
+convolution too, the cores take bands of output rows, and each band first computes the expanded
+rows it reads, halo included, with the 1x1 micro-kernel into a buffer of the band's size
+(``_expansion_at``), so the expanded tensor never leaves L2.  Each
 vector block is its own design space, with the register blocks that fit the register file beside
 it (32 zmm with AVX-512, 16 ymm with AVX2), so no point of the space spills.  The weights are
 packed to the loop order by MetaSchedule's ``RewriteLayout`` (buffers marked layout-free, as
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import math
 import platform
+import re
 from functools import partial
 
 from .._tvm import ms, s_tir, tvm
@@ -69,6 +73,11 @@ def x86_lanes(target) -> int | None:
     return vector_isa(target)[0]
 
 
+def _kind(sch, block) -> str:
+    """A block's name without the suffix TE adds to the second block of a name (``conv2d_nhwc_1``)."""
+    return re.sub(r"_\d+$", "", sch.get(block).name_hint)
+
+
 def _iter_types(sch, block) -> list[int]:
     return [int(iv.iter_type) for iv in sch.get(block).iter_vars]
 
@@ -79,12 +88,12 @@ def _reduction_block(sch):
     (``separable_producer``)."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reductions = [b for b in blocks if 2 in _iter_types(sch, b)]
-    if len(reductions) == 2 and separable_producer(sch, reductions[1]) is not None:
-        return reductions[1]
+    if len(reductions) in (2, 3) and (pair := separable_producer(sch, reductions[-1])) is not None:
+        return reductions[-1] if len(reductions) == 2 or expansion_producer(sch, pair[0]) else None
     if len(reductions) != 1:
         return None
     block = reductions[0]
-    name = sch.get(block).name_hint
+    name = _kind(sch, block)
     kinds = _iter_types(sch, block)
     if name in CONV_BLOCKS:
         return block if kinds == [0, 0, 0, 0, 2, 2, 2] else None
@@ -103,7 +112,7 @@ def separable_producer(sch, block):
     stride-1 NHWC convolution that reads a depthwise convolution through elementwise blocks only
     (``kernel_rewrites.fuse_separable``'s kernels), else None."""
     conv = [0, 0, 0, 0, 2, 2, 2]
-    if sch.get(block).name_hint != "conv2d_nhwc" or _iter_types(sch, block) != conv or \
+    if _kind(sch, block) != "conv2d_nhwc" or _iter_types(sch, block) != conv or \
             _loop_extents(sch, block)[4:6] != [1, 1]:
         return None
     chain, b = [], block
@@ -115,10 +124,82 @@ def separable_producer(sch, block):
         if 2 in _iter_types(sch, b):
             break
         chain.append(b)
-    if not chain or sch.get(b).name_hint not in CONV_BLOCKS or _iter_types(sch, b) != conv or \
+    if not chain or _kind(sch, b) not in CONV_BLOCKS or _iter_types(sch, b) != conv or \
             _loop_extents(sch, b)[6] != 1 or _loop_extents(sch, b)[:3] != _loop_extents(sch, block)[:3]:
         return None
     return b, chain[::-1]
+
+
+def expansion_producer(sch, depthwise):
+    """(1x1 convolution block, the elementwise blocks from it to the depthwise's padding) where a
+    separable kernel's depthwise convolution reads a 1x1 stride-1 NHWC convolution through its
+    padding and elementwise blocks only (``kernel_rewrites.fuse_separable``'s expanded kernels),
+    else None."""
+    producers = sch.get_producers(depthwise)
+    if len(producers) != 1 or not _is_padding(sch, producers[0]):
+        return None
+    chain, b = [], producers[0]
+    while True:
+        producers = sch.get_producers(b)
+        if len(producers) != 1:
+            return None
+        b = producers[0]
+        if 2 in _iter_types(sch, b):
+            break
+        chain.append(b)
+    if not chain or _kind(sch, b) != "conv2d_nhwc" or _iter_types(sch, b) != [0, 0, 0, 0, 2, 2, 2] or \
+            _loop_extents(sch, b)[4:6] != [1, 1]:
+        return None
+    return b, chain[::-1]
+
+
+def band_rows(extent: int) -> list[int]:
+    """Output rows per parallel band of an expanded separable kernel: divisors of the height from 2
+    to 8 that leave at least two bands (a band of ``r`` rows at stride ``s`` expands ``r*s + 2``
+    input rows for ``r*s``: fewer rows recompute more halo, more rows hold more of L2)."""
+    return [r for r in range(2, 9) if extent % r == 0 and extent // r >= 2] or [1]
+
+
+def _expansion_at(sch, band, conv, chain, vec: int, lanes: int, regs: int) -> None:
+    """Compute an expanded separable kernel's 1x1 expansion under ``band`` (its parallel band of
+    output rows): the input rows the band's depthwise rows read, halo included, as the 1x1
+    micro-kernel with its own register block and input-channel split (knobs) and output-channel
+    vector block ``vec``, bias and activation applied, into a buffer of the band's rows (it stays
+    in L2) that the depthwise rows read."""
+    for b in [*sch.get_producers(conv), *chain[:-1]]:         # its padding pass is a copy
+        sch.compute_inline(b)
+    out = chain[-1]
+    sch.compute_at(out, band, preserve_unit_loops=True)
+    sch.compute_at(conv, band, preserve_unit_loops=True)
+    sch.set_scope(conv, 0, "local")
+    _, h, w, co, *red = sch.get_loops(conv)[-7:]
+    w_o, w_i, co_o, co_v, rc_o, rc_i = _register_tiles(sch, w, co, red, vec, lanes, regs)
+    sch.reorder(h, w_o, co_o, rc_o, *red[:-1], rc_i, w_i, co_v)
+    sch.reverse_compute_at(out, co_o, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(out)[-1])
+    _in_registers(sch, conv, w_i, co_v, rc_o)
+
+
+def _register_tiles(sch, reg, col, red, vec: int, lanes: int, regs: int):
+    """The micro-kernel's splits of a reduction block's loops: the register block over ``reg``
+    (a knob; TVM's prior in the first batches favours large ones), the vector block ``vec`` over
+    ``col``, the split of the innermost reduction loop (a knob).  Returns (reg_o, reg_i, col_o,
+    col_v, red_o, red_i)."""
+    blocks = register_blocks(int(sch.get(reg).extent), vec, lanes, regs)
+    wb = sch.sample_categorical(blocks, [b / sum(blocks) for b in blocks])
+    reg_o, reg_i = sch.split(reg, [None, wb])
+    col_o, col_v = sch.split(col, [None, vec])
+    red_o, red_i = sch.split(red[-1], sch.sample_perfect_tile(red[-1], n=2, max_innermost_factor=64))
+    return reg_o, reg_i, col_o, col_v, red_o, red_i
+
+
+def _in_registers(sch, block, reg_i, col_v, red_o) -> None:
+    """The register block unrolled and the vector block vectorised, the accumulators zeroed before
+    the reduction's outer loop (vectorised too)."""
+    sch.unroll(reg_i)
+    sch.vectorize(col_v)
+    init = sch.decompose_reduction(block, red_o)
+    sch.vectorize(sch.get_loops(init)[-1])
 
 
 def _depthwise_at(sch, loop, depthwise, chain, lanes: int) -> None:
@@ -151,7 +232,7 @@ def weights_stationary(sch, block) -> bool:
     together, so the template runs the output-channel blocks outermost (module doc).  Never for a
     matmul: Winograd's batched GEMMs measured slower that way even with their weights cold."""
     stmt = sch.get(block)
-    if stmt.name_hint not in CONV_BLOCKS:
+    if _kind(sch, block) not in CONV_BLOCKS:
         return False
     size = lambda r: math.prod(int(d) for d in r.source.shape)     # noqa: E731
     data, weight = stmt.reads[:2]
@@ -187,17 +268,22 @@ def _output_tile(sch, block) -> tuple[int, int]:
     return int(sch.get(loops[spatial - 2]).extent), int(sch.get(loops[spatial - 1]).extent)
 
 
-def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_pad: bool = False) -> "s_tir.Schedule":
+def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_pad: bool = False,
+                 expansion_vec: int | None = None) -> "s_tir.Schedule":
     """Schedule the covered reduction block as the register-blocked micro-kernel with output-channel
-    vector block ``vec``; the register block, the input-channel split and the unroll depth are
-    sampled (the knobs).  Padding is its own parallel pass unless ``inline_pad``.  Raises ValueError
-    for a function the template does not cover."""
+    vector block ``vec`` (``expansion_vec``: an expanded separable kernel's expansion's); the register
+    blocks, the input-channel splits, the rows per band and the unroll depth are sampled (the knobs).
+    Padding is its own parallel pass unless ``inline_pad``.  Raises ValueError for a function the
+    template does not cover."""
     block = _reduction_block(sch)
     if block is None:
         raise ValueError("no NHWC convolution or matmul block")
     separable = separable_producer(sch, block)
+    expansion = separable and expansion_producer(sch, separable[0])
     stationary = separable is None and weights_stationary(sch, block)
     for producer in [] if separable else sch.get_producers(block):
+        for p in sch.get_producers(producer):       # the transpose of an NCHW input (fuse_input_transpose)
+            sch.compute_inline(p)
         if _is_padding(sch, producer) and not inline_pad:
             loops = sch.get_loops(producer)
             sch.parallel(sch.fuse(*loops[:-2]))
@@ -223,29 +309,28 @@ def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_
     loops = sch.get_loops(block)
     spatial = len(loops) - _iter_types(sch, block).count(2)
     outer, (reg, col), red = loops[:spatial - 2], loops[spatial - 2:spatial], loops[spatial:]
-    reg_extent, col_extent = int(sch.get(reg).extent), int(sch.get(col).extent)
+    col_extent = int(sch.get(col).extent)
     if col_extent % vec:
         raise ValueError(f"vector block {vec} does not divide {col_extent}")
-    blocks = register_blocks(reg_extent, vec, lanes, regs)     # TVM's prior (first batches) favours large ones
-    wb = sch.sample_categorical(blocks, [b / sum(blocks) for b in blocks])
-    reg_o, reg_i = sch.split(reg, [None, wb])
-    col_o, col_v = sch.split(col, [None, vec])
-    red_split = sch.sample_perfect_tile(red[-1], n=2, max_innermost_factor=64)
-    red_o, red_i = sch.split(red[-1], red_split)
+    reg_o, reg_i, col_o, col_v, red_o, red_i = _register_tiles(sch, reg, col, red, vec, lanes, regs)
     tiles = [col_o, *outer, reg_o] if stationary else [*outer, reg_o, col_o]
     sch.reorder(*tiles, red_o, *red[:-1], red_i, reg_i, col_v)
     sch.reverse_compute_at(last, tiles[-1], preserve_unit_loops=True)
     sch.vectorize(sch.get_loops(last)[-1])
-    if separable:               # the channel blocks inside the parallel tile: its depthwise rows computed once
+    if expansion:               # bands of output rows in parallel, each band's expanded rows computed once
+        rows = band_rows(int(sch.get(outer[-1]).extent))
+        h_o, h_i = sch.split(outer[-1], [None, sch.sample_categorical(rows, [1 / len(rows)] * len(rows))])
+        band = sch.fuse(*outer[:-1], h_o)
+        sch.parallel(band)
+        _depthwise_at(sch, sch.fuse(h_i, reg_o), *separable, lanes)
+        _expansion_at(sch, band, *expansion, expansion_vec, lanes, regs)
+    elif separable:             # the channel blocks inside the parallel tile: its depthwise rows computed once
         tile = sch.fuse(*tiles[:-1])
         sch.parallel(tile)
         _depthwise_at(sch, tile, *separable, lanes)
     else:
         sch.parallel(sch.fuse(*tiles))
-    sch.unroll(reg_i)
-    sch.vectorize(col_v)
-    init = sch.decompose_reduction(block, red_o)
-    sch.vectorize(sch.get_loops(init)[-1])
+    _in_registers(sch, block, reg_i, col_v, red_o)
     unroll = sch.sample_categorical(UNROLL_STEPS, [1.0 / len(UNROLL_STEPS)] * len(UNROLL_STEPS))
     sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit", unroll)
     return sch
@@ -261,8 +346,12 @@ def _design_spaces(sch: "s_tir.Schedule", lanes: int, regs: int) -> list:
     if block is None:
         raise ValueError("no NHWC convolution or matmul block")
     _, col_extent = _output_tile(sch, block)
-    depthwise = sch.get(block).name_hint in CONV_BLOCKS and int(sch.get(sch.get_loops(block)[-1]).extent) == 1
-    return [micro_kernel(sch.copy(), vec, lanes, regs, inline_pad=depthwise) for vec in vector_blocks(col_extent, lanes)]
+    depthwise = _kind(sch, block) in CONV_BLOCKS and int(sch.get(sch.get_loops(block)[-1]).extent) == 1
+    separable = separable_producer(sch, block)
+    expansion = separable and expansion_producer(sch, separable[0])
+    expansion_vecs = vector_blocks(_output_tile(sch, expansion[0])[1], lanes) if expansion else [None]
+    return [micro_kernel(sch.copy(), vec, lanes, regs, inline_pad=depthwise, expansion_vec=ev)
+            for vec in vector_blocks(col_extent, lanes) for ev in expansion_vecs]
 
 
 def covers(mod, target) -> bool:

@@ -63,7 +63,7 @@ def chain_modules(optimised) -> dict[LibraryOp, "tvm.IRModule"]:
                 bb.emit_func_output(gv)
             mods[chain.op] = bb.get()
             return packed_call(chain)
-        params = [relax.Var("x", chain.anchor.args[0].ty)]
+        params = [relax.Var("x", (chain.anchor.args[0] if chain.transposed is None else chain.transposed.args[0]).ty)]
         rhs = chain.anchor.args[1]
         if not isinstance(rhs, tvm.ir.expr.Constant):               # bmm: the second operand is an input too
             rhs = relax.Var("y", rhs.ty)
@@ -71,8 +71,9 @@ def chain_modules(optimised) -> dict[LibraryOp, "tvm.IRModule"]:
         res = relax.Var("r", chain.residual.ty) if chain.residual is not None else None
         with bb.function("main", params + ([res] if res is not None else [])):
             with bb.dataflow():
-                y = bb.emit(relax.Call(chain.anchor.op, [params[0], rhs], chain.anchor.attrs,
-                                       chain.anchor.ty_args))
+                x = params[0] if chain.transposed is None else \
+                    bb.emit(relax.Call(chain.transposed.op, [params[0]], chain.transposed.attrs))
+                y = bb.emit(relax.Call(chain.anchor.op, [x, rhs], chain.anchor.attrs, chain.anchor.ty_args))
                 if chain.bias is not None:
                     y = bb.emit(relax.op.add(*((chain.bias, y) if chain.swapped[0] else (y, chain.bias))))
                 if res is not None:

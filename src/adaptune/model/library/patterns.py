@@ -35,6 +35,8 @@ class Chain:
     op: LibraryOp
     swapped: tuple[bool, bool] = (False, False)     # (bias, residual) came first in its add
     scaled: relax.Call | None = None                # softmax: the divide / multiply by the scale
+    transposed: relax.Call | None = None            # conv2d: the NCHW -> NHWC transpose of its input
+    #   (the model's input), which ``kernel_rewrites.fuse_input_transpose`` puts in the conv's kernel
 
 
 def _per_channel(const, channels) -> np.ndarray | None:
@@ -220,7 +222,11 @@ def _chain(matched, matches, parts, single, bound) -> Chain | None:
         return None
     swapped = tuple(parts[k] is not None and _is_first(matches[parts[k]], matches[parts[p]], bound)
                     for k, p in (("bias_add", "bias"), ("res_add", "residual")))
-    return Chain(anchor, bias, residual, post, op, swapped)
+    data = bound.get(anchor.args[0])
+    transposed = data if op.kind == "conv2d" and isinstance(data, relax.Call) and \
+        isinstance(data.op, tvm.ir.Op) and data.op.name == "relax.permute_dims" and \
+        [int(a) for a in data.attrs.axes or []] == [0, 2, 3, 1] else None
+    return Chain(anchor, bias, residual, post, op, swapped, transposed=transposed)
 
 
 def rewrite(mod, on_chain) -> "tvm.IRModule":
