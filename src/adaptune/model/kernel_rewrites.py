@@ -1,7 +1,8 @@
 """Kernel rewrites on the Relax graph before legalisation, for x86's vector width: output channels
 padded to whole vectors (``pad_output_channels``), each depthwise convolution fused with the 1x1
-one it alone feeds (``fuse_separable``), and the model's NCHW input read by its first convolution
-itself (``fuse_input_transpose``).  Each rewritten kernel is one ``call_te`` PrimFunc marked
+one it alone feeds, and with the 1x1 expansion before it where the expanded tensor outgrows L2
+(``fuse_separable``), and the model's NCHW input read by its first convolution itself
+(``fuse_input_transpose``).  Each rewritten kernel is one ``call_te`` PrimFunc marked
 output-elementwise fusable, so Relax still fuses the bias, residual and activation behind it, and
 the expert template (``search/expert.py``) schedules it."""
 from __future__ import annotations
