@@ -110,6 +110,34 @@ def test_a_compiled_model_runs_on_the_openmp_pool_with_the_same_result(tmp_path)
     np.testing.assert_allclose(C.run_vm(lib, [x])[0], want, rtol=1e-6)
 
 
+def test_the_region_clock_times_each_launch_while_it_is_on():
+    """While on, the clock keeps one wall time per launch, in order (a task that sleeps 20 ms makes its
+    region last at least that); ``start`` empties it, and when off it counts nothing."""
+    launch, clock = LAUNCH(openmp.launcher()), openmp.region_clock()
+    quick = LAMBDA(lambda i, env, _: 0)
+    slow = LAMBDA(lambda i, env, _: time.sleep(0.02) or 0)
+    clock.start()
+    for fn in (quick, slow, quick):
+        assert launch(fn, None, 1) == 0
+    assert clock.count() == 3
+    assert clock.seconds(1, 2) >= 0.02 and clock.seconds(0, 3) >= clock.seconds(1, 2) > clock.seconds(0, 1)
+    clock.start()
+    assert clock.count() == 0
+    clock.stop()
+    launch(quick, None, 1)
+    assert clock.count() == 0
+
+
+def test_a_profile_times_kernels_on_the_launcher_by_its_clock():
+    """``timing.profile`` gives a kernel whose parallel loop runs on the launcher the clock's time of
+    its regions, and the VM's builtins (no region) the callbacks' time."""
+    from adaptune.model.timing import profile
+    ex = tvm.compile(Parallel, target="llvm")
+    rows = {r["call"]: r for r in profile(ex, [np.ones((64, 256), "float32")], runs=3)}
+    assert rows["scale"]["clock"] == "regions" and rows["scale"]["ms"] > 0 and rows["scale"]["hot_ms"] > 0
+    assert all(r["clock"] == "callback" for k, r in rows.items() if k.startswith("vm."))
+
+
 def _fake_library(tmp_path, name, symbols):
     from tvm.support import cc
     src = tmp_path / f"{name}.c"

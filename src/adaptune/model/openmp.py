@@ -21,6 +21,9 @@ runs its own contiguous run of chunks from the front, and a thread that is done 
 left at the back of the others' runs.  With equal cores every thread gets the share TVM's pool
 would give it, so a kernel reads the data the kernel before it left in the same core's cache; a
 shared counter handing out chunks in turn measured slower for that reason (docs/decisions.md).
+
+The launcher can also clock its parallel regions (``RegionClock``), so that a profile times each
+kernel as the model runs it with no Python between the calls (``timing.profile``).
 """
 from __future__ import annotations
 
@@ -44,10 +47,24 @@ SOURCE = r"""
 #include <omp.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <time.h>
 typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
 typedef struct { uint64_t run; char pad[56]; } Run;
-enum { MAX_THREADS = 256, CHUNKS_PER_THREAD = @CHUNKS@ };
+enum { MAX_THREADS = 256, CHUNKS_PER_THREAD = @CHUNKS@, CLOCK_SLOTS = 1 << 16 };
+
+/* The region clock: while on, each launch's wall time (microseconds) is kept, in launch order. */
+static int clock_on;
+static int64_t regions;
+static double region_us[CLOCK_SLOTS];
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
+}
+void adaptune_clock(int on) { clock_on = on; regions = 0; }
+int64_t adaptune_regions(void) { return regions; }
+double adaptune_region_us(int64_t i) { return i >= 0 && i < regions && i < CLOCK_SLOTS ? region_us[i] : -1.0; }
 
 static int take(Run* r, int from_back) {
   uint64_t old = __atomic_load_n(&r->run, __ATOMIC_RELAXED);
@@ -61,6 +78,7 @@ static int take(Run* r, int from_back) {
 }
 
 int adaptune_parallel_launch(FTVMParallelLambda flambda, void* cdata, int num_task) {
+  double start = clock_on ? now_us() : 0.0;
   int threads = num_task > 0 ? num_task : omp_get_max_threads();
   if (threads > MAX_THREADS) threads = MAX_THREADS;
   int chunks = num_task > 0 ? num_task : threads * CHUNKS_PER_THREAD;
@@ -80,6 +98,10 @@ int adaptune_parallel_launch(FTVMParallelLambda flambda, void* cdata, int num_ta
           err = -1;
         }
     }
+  }
+  if (clock_on) {
+    if (regions < CLOCK_SLOTS) region_us[regions] = now_us() - start;
+    regions++;
   }
   return err;
 }
@@ -110,6 +132,34 @@ def launcher():
     if not _launcher:
         return None
     return ctypes.cast(_launcher.adaptune_parallel_launch, ctypes.c_void_p).value
+
+
+class RegionClock:
+    """The launcher's clock of its parallel regions: ``start()`` empties it and starts it, ``count()``
+    is the regions launched since, ``seconds(lo, hi)`` the wall time of regions ``lo..hi-1``."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        lib.adaptune_regions.restype = ctypes.c_int64
+        lib.adaptune_region_us.restype = ctypes.c_double
+        lib.adaptune_region_us.argtypes = [ctypes.c_int64]
+
+    def start(self) -> None:
+        self._lib.adaptune_clock(1)
+
+    def stop(self) -> None:
+        self._lib.adaptune_clock(0)
+
+    def count(self) -> int:
+        return int(self._lib.adaptune_regions())
+
+    def seconds(self, lo: int, hi: int) -> float:
+        return sum(max(self._lib.adaptune_region_us(i), 0.0) for i in range(lo, hi)) * 1e-6
+
+
+def region_clock() -> RegionClock | None:
+    """The launcher's ``RegionClock``; None where there is no launcher."""
+    return RegionClock(_launcher) if launcher() is not None else None
 
 
 def _build(path: Path) -> None:

@@ -142,24 +142,31 @@ def fma_peak_gflops(target, seconds: float = 0.2) -> float:
 def profile(executable, inputs, *, runs: int = 20, flops: dict | None = None) -> list[dict]:
     """Time per VM call of one inference (Relax VM instrumentation), mean over ``runs``, grouped.
 
-    Returns rows ``{"call", "group", "calls", "ms", "hot_ms", "shapes", "flops"}`` sorted by time; ``shapes``
-    are those of the call's tensor arguments at its first call (outputs last, as the VM passes them).  ``ms`` is the call
-    as the model runs it, the VM's hand-over to it included; ``hot_ms`` is the same call run once
+    Returns rows ``{"call", "group", "calls", "ms", "hot_ms", "shapes", "flops", "clock"}`` sorted by
+    time; ``shapes`` are those of the call's tensor arguments at its first call (outputs last, as the
+    VM passes them).  ``ms`` is the call as the model runs it; ``hot_ms`` is the same call run once
     more just before it is timed, so that its weights and inputs are in cache.  The two kinds of
     runs alternate.  Where ``ms`` is far above ``hot_ms``, the kernel waits for its data (weights
     that do not stay cached between inferences, inputs the previous kernel left in the other core's
     cache); where they agree, the kernel's own speed sets the time.  The VM's builtins (allocation,
     reshapes) are timed but never run twice.  ``flops``: each function's operations per call
-    (``kernel_flops``); a row's ``flops`` is its calls' per inference, None for a call not in it."""
+    (``kernel_flops``); a row's ``flops`` is its calls' per inference, None for a call not in it.
+
+    A kernel whose parallel loops run on adaptune's OpenMP launcher is timed by the launcher's own
+    clock (``clock`` "regions": its parallel regions, no Python between the calls and no serial code
+    outside them); every other call (library calls, serial kernels, builtins, a GPU's kernels) from
+    the instrumentation's callbacks (``clock`` "callback", which adds their overhead)."""
+    from .openmp import region_clock
     vm, dev = virtual_machine(executable)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    gpu = str(dev) != str(tvm.cpu())
+    clock = None if gpu else region_clock()
     samples: dict[str, dict[bool, list[float]]] = {}
+    regioned: set[str] = set()
     calls: dict[str, int] = {}
     shapes: dict[str, list[tuple[int, ...]]] = {}
-    started: dict[str, float] = {}
+    started: dict[str, tuple[float, int]] = {}
     hot = [False]
-
-    gpu = str(dev) != str(tvm.cpu())
 
     def instrument(func, symbol, before, ret, *call_args):
         if before:
@@ -169,21 +176,34 @@ def profile(executable, inputs, *, runs: int = 20, flops: dict | None = None) ->
                 func(*call_args)
                 if gpu:
                     dev.sync()
-            started[symbol] = time.perf_counter()
+            started[symbol] = (time.perf_counter(), clock.count() if clock else 0)
         else:
             if gpu:
                 dev.sync()              # a GPU kernel's launch returns at once: wait for it to finish
-            samples.setdefault(symbol, {False: [], True: []})[hot[0]].append(time.perf_counter() - started.pop(symbol))
+            t0, r0 = started.pop(symbol)
+            seconds = time.perf_counter() - t0
+            r1 = clock.count() if clock else 0
+            if r1 > r0:                 # its parallel regions, as the launcher clocked them
+                seconds = clock.seconds(r0, r1)
+                regioned.add(symbol)
+            samples.setdefault(symbol, {False: [], True: []})[hot[0]].append(seconds)
             if not hot[0]:
                 calls[symbol] = calls.get(symbol, 0) + 1
 
     vm["main"](*args)
     vm.set_instrument(instrument)
-    for i in range(2 * runs):
-        hot[0] = bool(i % 2)
-        vm["main"](*args)
-    vm.set_instrument(None)
+    try:
+        for i in range(2 * runs):
+            hot[0] = bool(i % 2)
+            if clock:
+                clock.start()
+            vm["main"](*args)
+    finally:
+        vm.set_instrument(None)
+        if clock:
+            clock.stop()
     rows = [{"call": k, "group": _kind(k), "calls": calls[k] // runs, "ms": sum(v[False]) / runs * 1e3,
              "hot_ms": sum(v[True]) / runs * 1e3, "shapes": shapes.get(k, []),
-             "flops": flops[k] * (calls[k] // runs) if flops and k in flops else None} for k, v in samples.items()]
+             "flops": flops[k] * (calls[k] // runs) if flops and k in flops else None,
+             "clock": "regions" if k in regioned else "callback"} for k, v in samples.items()]
     return sorted(rows, key=lambda r: -r["ms"])
