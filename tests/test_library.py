@@ -333,6 +333,20 @@ def test_the_generated_build_stays_in_the_run_off_when_a_slow_phase_hid_it(block
     assert best.best.name == "generated" and best.best.seconds == 1.0
 
 
+def test_the_race_gets_a_build_with_records_chosen_cold_where_constants_outgrow_the_cache(
+        block, target, empty_db, monkeypatch):
+    """With a last-level cache smaller than the model's constants (a 1-byte cache here), the race has
+    the all-generated build once more with its records chosen by their time with the weights cold;
+    with the real cache (this block's constants are a few KB) it has not."""
+    from adaptune.model import cold_weights
+    names = [b.name for b in C.build_best(block, C.open_database(empty_db), target, library=False, rounds=1).builds]
+    assert "generated, records timed with cold weights" not in names
+    monkeypatch.setattr(cold_weights, "cache_bytes", lambda index, default=0: 1)
+    best = C.build_best(block, C.open_database(empty_db), target, library=False, rounds=1)
+    assert [b.name for b in best.builds][:2] == ["generated", "generated, records timed with cold weights"]
+    assert all(b.error < 1e-4 for b in best.builds)
+
+
 def test_builds_timed_in_different_phases_compare_by_their_paired_ratios():
     """The machine was 3x slower during the first race's ten rounds: the library build, timed only
     there, is 0.9x the generated build in every pair and is faster, though its own median (2.7)

@@ -78,18 +78,21 @@ def serial_glue(fused, database, target) -> "ms.database.MemoryDatabase":
     return out
 
 
-def lower_tuned(model, database, target, library=None, serial=False) -> "tvm.IRModule":
+def lower_tuned(model, database, target, library=None, serial=False, cold=None) -> "tvm.IRModule":
     """The model's module with the best record of every task from ``database`` applied.
 
     ``library``: chain signatures (``library.LibraryOp``) -> "onednn" | "winograd" |
     "winograd-generated" | "winograd-generated-f2", the chains to run on that implementation instead
     of the direct generated kernel (Woodpecker's per-operator choice; see ``library.plan``).
-    ``serial``: glue kernels run serially (``serial_glue``)."""
+    ``serial``: glue kernels run serially (``serial_glue``).  ``cold``: a ``cold_weights.ColdChoice``
+    that picks the records of the kernels with large weights by their time with the weights cold."""
     mod = optimise(model.mod)
     if library:
         from .library import offload
         mod = offload(mod, library)
     fused = fuse(mod, target)
+    if cold is not None:
+        database = cold.database_for(fused)
     mod = apply_database(fused, serial_glue(fused, database, target) if serial else database, target)
     if is_cuda(target):
         return gpu_default_schedule(mod, target)
@@ -191,7 +194,9 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     """Build the model all generated (with Winograd's generated GEMMs where ``library.plan`` timed them
     faster than the direct kernel, with ``winograd_caps``' subsets of those, and without), with every
     chain oneDNN can run on oneDNN, and with the per-chain choice of ``library.plan`` (the last two
-    also with their glue kernels serial); check each against the reference; time them alternating,
+    also with their glue kernels serial); on a CPU whose last-level cache the model's constants
+    outgrow, all generated once more with the large kernels' records chosen by their time with the
+    weights cold (``cold_weights``); check each against the reference; time them alternating,
     ``RACE_INTERLEAVE * rounds`` rounds of one short sample each, then the two fastest and the
     generated build twice as many rounds more; keep the fastest by ``paired_seconds`` (so the final
     model is no slower than either extreme, up to what a machine whose slow phases reorder the
@@ -210,21 +215,27 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
         if not is_cuda(target):             # serial glue: TVM's CPU thread pool beside OpenMP's
             variants += [("library, serial glue", eligible(choices), True),
                          ("choice, serial glue", chosen(choices), True)]
+    variants = [(name, ops, serial, None) for name, ops, serial in variants]
+    if not is_cuda(target):
+        from .cold_weights import ColdChoice
+        cold = ColdChoice(database, target)
+        if cold.applies(optimise(model.mod)):
+            variants.insert(1, ("generated, records timed with cold weights", winograd, False, cold))
     builds, seen = [], {}
-    for name, ops, serial in variants:
-        key = (frozenset(ops.items()), serial)
+    for name, ops, serial, cold in variants:
+        key = (frozenset(ops.items()), serial, cold is not None)
         if key in seen or (serial and not ops):
             continue
         if serial:
-            name = f"{seen[(frozenset(ops.items()), False)]}, serial glue"
+            name = f"{seen[(frozenset(ops.items()), False, False)]}, serial glue"
         seen[key] = name
         try:
-            mod = lower_tuned(model, database, target, ops, serial)
+            mod = lower_tuned(model, database, target, ops, serial, cold)
             flops = kernel_flops(mod)
             ex = compile_module(mod, target)
             builds.append(Build(name, ex, ops, check(ex, model, inputs), float("inf"), serial, flops))
         except Exception as e:              # noqa: BLE001 - a library build that fails leaves the others
-            if not ops:
+            if not ops and cold is None:
                 raise
             import sys
             print(f"adaptune: warning: the {name} build fails ({' '.join(str(e).split())[:160]}); left out",

@@ -140,13 +140,19 @@ def fuse_input_transpose(mod, lanes: int) -> "tvm.IRModule":
     return mutate_each(mod, _Transposed)
 
 
+def cache_bytes(index: int, default: int = 1 << 20) -> int:
+    """Bytes of cpu0's cache ``index`` (Linux sysfs: 2 is the L2, 3 the last level on x86), ``default``
+    where that cannot be read."""
+    try:
+        size = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text().strip()
+        return int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1] in "KM" else int(size)
+    except (OSError, ValueError, IndexError, KeyError):
+        return default
+
+
 def l2_bytes() -> int:
     """Bytes of L2 cache per core of this CPU (Linux sysfs), 1 MiB where that cannot be read."""
-    try:
-        size = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
-        return int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1] in "KM" else int(size)
-    except (OSError, ValueError, IndexError):
-        return 1 << 20
+    return cache_bytes(2)
 
 
 def _pointwise(call) -> bool:
