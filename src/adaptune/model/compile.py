@@ -195,8 +195,8 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     faster than the direct kernel, with ``winograd_caps``' subsets of those, and without), with every
     chain oneDNN can run on oneDNN, and with the per-chain choice of ``library.plan`` (the last two
     also with their glue kernels serial); on a CPU whose last-level cache the model's constants
-    outgrow, all generated once more with the large kernels' records chosen by their time with the
-    weights cold (``cold_weights``); check each against the reference; time them alternating,
+    outgrow, each all-generated Winograd build once more with the large kernels' records chosen by
+    their time with the weights cold (``cold_weights``); check each against the reference; time them alternating,
     ``RACE_INTERLEAVE * rounds`` rounds of one short sample each, then the two fastest and the
     generated build twice as many rounds more; keep the fastest by ``paired_seconds`` (so the final
     model is no slower than either extreme, up to what a machine whose slow phases reorder the
@@ -208,19 +208,19 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     inputs = inputs if inputs is not None else model.example_inputs()
     choices = plan(optimise(model.mod), database, target, library_times, library=library)
     winograd = generated_choice(choices)
-    variants = [("generated", winograd, False)] + [(name, ops, False) for name, ops in winograd_caps(choices)]
-    variants += [("generated, direct", {}, False)] if winograd else []
-    if library and choices:
-        variants += [("library", eligible(choices), False), ("choice", chosen(choices), False)]
-        if not is_cuda(target):             # serial glue: TVM's CPU thread pool beside OpenMP's
-            variants += [("library, serial glue", eligible(choices), True),
-                         ("choice, serial glue", chosen(choices), True)]
-    variants = [(name, ops, serial, None) for name, ops, serial in variants]
+    all_generated = [("generated", winograd)] + winograd_caps(choices)
+    variants = [(name, ops, False, None) for name, ops in all_generated]
     if not is_cuda(target):
         from .cold_weights import ColdChoice
         cold = ColdChoice(database, target)
         if cold.applies(optimise(model.mod)):
-            variants.insert(1, ("generated, records timed with cold weights", winograd, False, cold))
+            variants += [(f"{name}, records timed with cold weights", ops, False, cold) for name, ops in all_generated]
+    variants += [("generated, direct", {}, False, None)] if winograd else []
+    if library and choices:
+        variants += [("library", eligible(choices), False, None), ("choice", chosen(choices), False, None)]
+        if not is_cuda(target):             # serial glue: TVM's CPU thread pool beside OpenMP's
+            variants += [("library, serial glue", eligible(choices), True, None),
+                         ("choice, serial glue", chosen(choices), True, None)]
     builds, seen = [], {}
     for name, ops, serial, cold in variants:
         key = (frozenset(ops.items()), serial, cold is not None)
