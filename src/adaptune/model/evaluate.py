@@ -149,7 +149,8 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
     best = None
     if database is not None:
         stage("building the tuned model several ways (generated with Winograd, with less of it and without, "
-              "library, per-chain choice, both with serial glue)")
+              "with records chosen with cold weights where the model outgrows the cache, library, per-chain "
+              "choice, both with serial glue)")
         best = C.build_best(model, database, target, library=library, inputs=inputs, rounds=race_rounds,
                             library_times=library_times)
         gen = best.generated
