@@ -5,7 +5,7 @@ every inference, but tuning times every candidate hot (its repeats find the weig
 task's fastest records the schedules differ in how well they stream their weights: ResNet-50's
 Winograd GEMM 16x256x256 on Zen 4, ten records within 6% of each other hot, took 0.43-0.50 ms with
 its weights cold, and the hot-fastest was the slowest cold (docs/decisions.md, session 82).  So for
-such kernels ``cold_choice`` times a task's top records again, their weights rotated through copies
+such kernels ``ColdChoice`` times a task's top records again, their weights rotated through copies
 larger than the cache, and keeps the fastest.  ``compile.build_best`` races the build it gives
 beside the others, so the whole model decides.
 """
@@ -44,12 +44,15 @@ def constant_bytes(mod) -> int:
     return sum(int(np.prod(c.value.shape)) * np.dtype(str(c.value.dtype)).itemsize for c in seen)
 
 
+def _nbytes(arg) -> int:
+    """Bytes of one argument (a MetaSchedule ``ArgInfo``)."""
+    return math.prod(int(d) for d in arg.shape) * np.dtype(str(arg.dtype)).itemsize
+
+
 def _weight_bytes(func) -> int:
     """Bytes of a kernel's layout-free (constant weight) parameters."""
     free = {int(i) for i in (func.attrs or {}).get("layout_free_buffers", [])}
-    args = ms.arg_info.ArgInfo.from_prim_func(func)
-    return sum(math.prod(int(d) for d in a.shape) * np.dtype(str(a.dtype)).itemsize
-               for i, a in enumerate(args) if i in free)
+    return sum(_nbytes(a) for i, a in enumerate(ms.arg_info.ArgInfo.from_prim_func(func)) if i in free)
 
 
 def _distinct_top(database, mod, k: int) -> list:
@@ -80,10 +83,12 @@ def _cold_sampler(rec, free: list[int], llc: int, workdir: Path, index: int):
     func = load(path)[0]["main"]
     shapes = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in rec.args_info]
     fixed = [tvm.runtime.tensor(a) for a in random_args(shapes)]
-    weight = sum(int(np.prod(shapes[i][0])) * np.dtype(shapes[i][1]).itemsize for i in free)
+    weight = sum(_nbytes(rec.args_info[i]) for i in free)
     copies = min(16, max(2, math.ceil(2 * llc / max(weight, 1))))
-    sets = [[tvm.runtime.tensor(a) if i in free else fixed[i] for i, a in enumerate(random_args(shapes))]
-            for _ in range(copies)]
+    sets = [fixed] + [list(fixed) for _ in range(copies - 1)]
+    for args in sets[1:]:
+        for i, a in zip(free, random_args([shapes[i] for i in free])):
+            args[i] = tvm.runtime.tensor(a)
     func(*sets[0])
     state = {"n": 0, "calls": 1}
 
@@ -106,13 +111,12 @@ class ColdChoice:
         self.database, self.target, self.top = database, target, top
         self.llc = llc if llc is not None else cache_bytes(3, default=32 << 20)
         self.chosen: dict[str, object] = {}          # workload key -> record
-        self.timed: dict[str, dict[int, float]] = {}  # workload key -> record index -> seconds
 
     def applies(self, mod) -> bool:
         """Whether the model's constants outgrow the last-level cache, so its large weights come cold."""
         return constant_bytes(mod) > self.llc
 
-    def _choose(self, name: str, func):
+    def _choose(self, func):
         mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
         key = str(tvm_ffi.structural_hash(mod))
         if key in self.chosen:
@@ -124,7 +128,6 @@ class ColdChoice:
             with tempfile.TemporaryDirectory() as d:
                 samplers = {str(i): _cold_sampler(r, free, self.llc, Path(d), i) for i, r in enumerate(recs)}
                 seconds = paired_seconds(sample_alternately(samplers, ROUNDS), "0")
-            self.timed[key] = {int(i): s for i, s in seconds.items()}
             best = recs[int(min(seconds, key=seconds.get))]
         self.chosen[key] = best
         return best
@@ -138,7 +141,7 @@ class ColdChoice:
                 continue
             mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
             heavy = (func.attrs or {}).get("layout_free_buffers") and _weight_bytes(func) >= HEAVY_BYTES
-            rec = self._choose(gv.name_hint, func) if heavy else self.database.query_tuning_record(mod, self.target, gv.name_hint)
+            rec = self._choose(func) if heavy else self.database.query_tuning_record(mod, self.target, gv.name_hint)
             if rec is None:
                 continue
             out.commit_tuning_record(ms.database.TuningRecord(rec.trace, out.commit_workload(rec.workload.mod),
