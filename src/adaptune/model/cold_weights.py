@@ -21,6 +21,7 @@ import tvm_ffi
 
 from .._tvm import ms, tvm
 from ..measure.paired import paired_seconds, sample_alternately
+from .graph import kernel_records
 from .kernel_rewrites import cache_bytes
 
 #: a kernel's weights from this size on cannot stay in its core's L2 between inferences
@@ -135,16 +136,8 @@ class ColdChoice:
     def database_for(self, fused) -> "ms.database.MemoryDatabase":
         """The best record of every kernel of ``fused``, the cold-fastest of the top ``top`` for each
         kernel whose weights reach ``HEAVY_BYTES``."""
-        out = ms.database.MemoryDatabase()
-        for gv, func in fused.functions_items():
-            if not isinstance(func, tvm.tirx.PrimFunc):
-                continue
-            mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-            heavy = (func.attrs or {}).get("layout_free_buffers") and _weight_bytes(func) >= HEAVY_BYTES
-            rec = self._choose(func) if heavy else self.database.query_tuning_record(mod, self.target, gv.name_hint)
-            if rec is None:
-                continue
-            out.commit_tuning_record(ms.database.TuningRecord(rec.trace, out.commit_workload(rec.workload.mod),
-                                                              run_secs=rec.run_secs, target=self.target,
-                                                              args_info=rec.args_info))
-        return out
+        def record(name, func, mod):
+            if (func.attrs or {}).get("layout_free_buffers") and _weight_bytes(func) >= HEAVY_BYTES:
+                return self._choose(func)
+            return self.database.query_tuning_record(mod, self.target, name)
+        return kernel_records(fused, self.target, record)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .._tvm import ms
-from .graph import apply_database, fuse, gpu_default_schedule, optimise
+from .graph import apply_database, fuse, gpu_default_schedule, kernel_records, optimise
 from ..measure.verify import TOLERANCE, relative_error
 from ..measure.pipeline import compile_module
 from ..measure.target import is_cuda, parse_target
@@ -60,22 +60,16 @@ def serial_glue(fused, database, target) -> "ms.database.MemoryDatabase":
     record keep TVM's plain (serial) code as before."""
     from tvm import s_tir
     from tvm.s_tir.analysis import estimate_tir_flops
-    out = ms.database.MemoryDatabase()
-    for gv, func in fused.functions_items():
-        if not isinstance(func, tvm.tirx.PrimFunc):
-            continue
-        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-        rec = database.query_tuning_record(mod, target, gv.name_hint)
-        if rec is None:
-            continue
-        trace = rec.trace
-        if float(estimate_tir_flops(mod)) < GLUE_FLOPS:
-            keep = [i for i in trace.insts if i.kind.name != "Parallel"]
-            trace = s_tir.schedule.Trace(keep, {i: d for i, d in trace.decisions.items() if i.kind.name != "Parallel"})
-        out.commit_tuning_record(ms.database.TuningRecord(trace, out.commit_workload(rec.workload.mod),
-                                                          run_secs=rec.run_secs, target=target,
-                                                          args_info=rec.args_info))
-    return out
+
+    def record(name, func, mod):
+        rec = database.query_tuning_record(mod, target, name)
+        if rec is None or float(estimate_tir_flops(mod)) >= GLUE_FLOPS:
+            return rec
+        serial = [i for i in rec.trace.insts if i.kind.name != "Parallel"]
+        trace = s_tir.schedule.Trace(serial, {i: d for i, d in rec.trace.decisions.items() if i.kind.name != "Parallel"})
+        return ms.database.TuningRecord(trace, rec.workload, run_secs=rec.run_secs, target=target,
+                                        args_info=rec.args_info)
+    return kernel_records(fused, target, record)
 
 
 def lower_tuned(model, database, target, library=None, serial=False, cold=None) -> "tvm.IRModule":

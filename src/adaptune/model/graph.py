@@ -277,6 +277,21 @@ def fuse(mod, target) -> "tvm.IRModule":
         return relax.transform.AttachAttrLayoutFreeBuffers()(mod)
 
 
+def kernel_records(fused, target, record) -> "ms.database.MemoryDatabase":
+    """A database with one record per kernel of ``fused``: ``record(name, func, mod)`` gives the
+    kernel's record (``mod``: the kernel alone, as databases key it), or None for none."""
+    out = ms.database.MemoryDatabase()
+    for gv, func in fused.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        rec = record(gv.name_hint, func, tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+        if rec is not None:
+            out.commit_tuning_record(ms.database.TuningRecord(rec.trace, out.commit_workload(rec.workload.mod),
+                                                              run_secs=rec.run_secs, target=target,
+                                                              args_info=rec.args_info))
+    return out
+
+
 def apply_database(fused, database, target) -> "tvm.IRModule":
     """Replace each kernel by its best record, then pre-transform the weights it rewrote.  The folded
     weights come back as tuples of constants unpacked per kernel call; ``CanonicalizeBindings`` and
