@@ -4,7 +4,9 @@ Per model: tune with adaptune (its trial budget, optionally MetaSchedule's evolu
 the same budget), then ``adaptune.model.evaluate``: TVM untuned, adaptune all generated, adaptune final
 (per-chain oneDNN choice kept only if the whole model got faster), PyTorch eager, torch.compile
 (Inductor, freezing) and ONNX Runtime, every output checked first, the contenders timed in short
-interleaved samples; median and min of the samples.  Targets (the e2e issue): adaptune <= 0.8x ONNX
+interleaved samples; median and min of the samples, and each runtime's ratio to ONNX Runtime paired
+round by round (the median of their side-by-side samples' ratios: a slow phase of the machine slows
+both sides of a pair, so this ratio moves less between runs than the medians' ratio).  Targets (the e2e issue): adaptune <= 0.8x ONNX
 Runtime and <= 1.0x torch.compile, never slower than eager.
 
     python bench/e2e.py                                   # resnet18 resnet50 mobilenetv2, 200 trials each
@@ -48,11 +50,13 @@ def tune_ms(model, target, trials, batch, wd: Path, timeout=30.0) -> float:
 
 def table(ev, wall) -> str:
     ort, tc, eager = (ev.row(n) for n in ("onnxruntime", "torch-compile", "pytorch-eager"))
-    lines = [f"{'runtime':20s} {'median ms':>10s} {'min ms':>8s} {'vs ORT':>7s} {'vs t.compile':>12s} "
+    lines = [f"{'runtime':20s} {'median ms':>10s} {'min ms':>8s} {'vs ORT':>7s} {'paired':>7s} {'vs t.compile':>12s} "
              f"{'vs eager':>8s} {'max err':>8s}  note"]
     for r in ev.rows:
         ratio = lambda ref: f"{r.latency_ms / ref.latency_ms:.2f}x" if ref else "-"       # noqa: E731
-        lines.append(f"{r.runtime:20s} {r.latency_ms:10.3f} {r.min_ms:8.3f} {ratio(ort):>7s} {ratio(tc):>12s} "
+        paired = ev.paired(r.runtime, "onnxruntime")
+        lines.append(f"{r.runtime:20s} {r.latency_ms:10.3f} {r.min_ms:8.3f} {ratio(ort):>7s} "
+                     f"{f'{paired:.3f}x' if paired else '-':>7s} {ratio(tc):>12s} "
                      f"{ratio(eager):>8s} {r.max_error:8.1e}  {r.note}")
     for runtime, why in ev.skipped.items():
         lines.append(f"(no {runtime} row: {why})")
@@ -109,6 +113,7 @@ def main(argv=None) -> int:
             print(f"  build {b.name}: {b.seconds * 1e3:.3f} ms, {b.summary()}")
         rows = ev.as_dict()
         rows["tuning_s"] = wall
+        rows["paired_vs_onnxruntime"] = {r.runtime: ev.paired(r.runtime, "onnxruntime") for r in ev.rows}
         if args.ms:
             wd_m = out / f"{name}-ms-evolutionary"
             wall_m = tune_ms(model, target, args.trials, args.ms_batch, wd_m)
@@ -124,7 +129,9 @@ def main(argv=None) -> int:
         lat = {r["runtime"]: r["latency_ms"] for r in res["rows"]}
         a = lat.get("adaptune")
         parts = [f"{k} {a / lat[k]:.2f}x" for k in ("onnxruntime", "torch-compile", "pytorch-eager") if k in lat]
-        print(f"  {name:12s} adaptune {a:.3f} ms: " + ", ".join(parts))
+        paired = res.get("paired_vs_onnxruntime", {}).get("adaptune")
+        print(f"  {name:12s} adaptune {a:.3f} ms: " + ", ".join(parts)
+              + (f" (paired per round against onnxruntime: {paired:.3f}x)" if paired else ""))
     return 0
 
 

@@ -483,6 +483,17 @@ def test_bench_json_holds_every_row_each_checked(empty_db, tmp_path, capsys):
                      r"\d+ GFLOP/s", text) and "GFLOP/s hot" in text
 
 
+def test_the_ratio_to_a_reference_is_paired_round_by_round():
+    """Slow phases that fall on one runtime's samples in two rounds move the medians' ratio (1.2 here),
+    not the paired one; a runtime sampled once (the slow untuned baseline) has no paired ratio."""
+    from adaptune.model.evaluate import Evaluation
+    own, ref = [0.8, 1.6, 2.4, 8.0, 3.5], [1.0, 2.0, 3.0, 4.0, 1.0]
+    ev = Evaluation("m", [], samples={"adaptune": own, "onnxruntime": ref, "tvm-untuned": [9.0]})
+    assert np.median(own) / np.median(ref) == pytest.approx(1.2)
+    assert ev.paired("adaptune", "onnxruntime") == pytest.approx(0.8)
+    assert ev.paired("tvm-untuned", "onnxruntime") is None and ev.paired("adaptune", "torch-compile") is None
+
+
 def test_a_winograd_form_timed_no_faster_than_the_direct_kernel_gets_a_second_sample(monkeypatch, target):
     """One slow sample (a shared machine's transient slowdown) must not drop a Winograd form from
     every build: a form timed no faster than the direct kernel's record is timed once more and

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import compile as C
-from ..measure.paired import sample_alternately
+from ..measure.paired import paired_ratio, sample_alternately
 from .timing import UNTUNED_CAP_S, device_exclusive, time_callable
 from ..measure.target import is_cuda, parse_target
 from ..measure.verify import TOLERANCE, max_relative_error
@@ -44,9 +44,16 @@ class Evaluation:
     rows: list[Row]
     skipped: dict[str, str] = field(default_factory=dict)   # runtime -> why it has no row
     best: object = None                                     # compile.BestBuild (None without a database)
+    samples: dict[str, list[float]] = field(default_factory=dict)   # runtime -> its timed samples, s, in order
 
     def row(self, runtime: str) -> Row | None:
         return next((r for r in self.rows if r.runtime == runtime), None)
+
+    def paired(self, runtime: str, reference: str) -> float | None:
+        """``runtime``'s latency over ``reference``'s as the median of their per-round ratios (samples
+        taken side by side, so a slow phase of the machine slows both); None without both full series."""
+        own, ref = self.samples.get(runtime, []), self.samples.get(reference, [])
+        return paired_ratio(own, ref) if own and len(own) == len(ref) else None
 
     def as_dict(self) -> dict:
         return {"model": self.model, "rows": [r.as_dict() for r in self.rows], "skipped": self.skipped}
@@ -175,7 +182,7 @@ def evaluate(model, target=None, database=None, *, library: bool = True, anchors
         _time_alternately(contenders, samples, rounds, stage)
     rows = [Row(n, float(np.median(samples[n])) * 1e3, float(min(samples[n])) * 1e3, err, note)
             for n, (_, err, note) in sorted(contenders.items(), key=lambda kv: RUNTIMES.index(kv[0]))]
-    return Evaluation(model.name, rows, skipped, best)
+    return Evaluation(model.name, rows, skipped, best, samples)
 
 
 SAMPLES_PER_ROUND = 5  # one 0.2 s sample of each contender at a time, order reversed each time: six
