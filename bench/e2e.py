@@ -113,7 +113,6 @@ def main(argv=None) -> int:
             print(f"  build {b.name}: {b.seconds * 1e3:.3f} ms, {b.summary()}")
         rows = ev.as_dict()
         rows["tuning_s"] = wall
-        rows["paired_vs_onnxruntime"] = {r.runtime: ev.paired(r.runtime, "onnxruntime") for r in ev.rows}
         if args.ms:
             wd_m = out / f"{name}-ms-evolutionary"
             wall_m = tune_ms(model, target, args.trials, args.ms_batch, wd_m)

@@ -476,6 +476,8 @@ def test_bench_json_holds_every_row_each_checked(empty_db, tmp_path, capsys):
                                                    "pytorch-eager", "torch-compile", "onnxruntime"]
     for r in data["rows"]:
         assert r["latency_ms"] > 0 and r["max_error"] is not None and r["max_error"] < 1e-3
+    paired = data["paired_vs_onnxruntime"]
+    assert paired["onnxruntime"] == 1.0 and all(paired[r["runtime"]] > 0 for r in data["rows"])  # all sampled each round
     assert "library calls" in text and "where adaptune's model spends its time" in text
     assert re.search(r"1x\d+x\d+x\d+ -> 1x\d+x\d+x\d+", text)       # a kernel's shapes say which layer it is
     # the generated kernels' arithmetic against this CPU's FMA peak, measured in the same run

@@ -296,10 +296,14 @@ def cmd_bench(args) -> int:
     base = ev.row("pytorch-eager") or ev.rows[0]
     table = Table(title=f"{model.name}, input {' '.join(str(list(s)) for _, s, _ in model.inputs)}: "
                         f"latency over {args.rounds} rounds of interleaved samples (outputs checked first)")
-    for col in ("runtime", "median", "min", f"vs {base.runtime}", "max error", "note"):
+    ort = ev.row("onnxruntime")
+    for col in ("runtime", "median", "min", f"vs {base.runtime}", *(["/ onnxruntime, paired"] if ort else []),
+                "max error", "note"):
         table.add_column(col, justify="left" if col in ("runtime", "note") else "right")
     for r in ev.rows:
+        paired = ev.paired(r.runtime, "onnxruntime")
         table.add_row(r.runtime, f"{r.latency_ms:.3f} ms", f"{r.min_ms:.3f} ms", f"{base.latency_ms / r.latency_ms:.2f}x",
+                      *([f"{paired:.3f}x" if paired else "-"] if ort else []),
                       "-" if r.max_error is None else f"{r.max_error:.1e}", r.note)
     console.print(table)
     for runtime, why in ev.skipped.items():

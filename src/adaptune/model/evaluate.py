@@ -56,7 +56,10 @@ class Evaluation:
         return paired_ratio(own, ref) if own and len(own) == len(ref) else None
 
     def as_dict(self) -> dict:
-        return {"model": self.model, "rows": [r.as_dict() for r in self.rows], "skipped": self.skipped}
+        out = {"model": self.model, "rows": [r.as_dict() for r in self.rows], "skipped": self.skipped}
+        if self.row("onnxruntime"):
+            out["paired_vs_onnxruntime"] = {r.runtime: self.paired(r.runtime, "onnxruntime") for r in self.rows}
+        return out
 
 
 def _torch_runtimes(model, inputs, compile_torch: bool, skipped, cuda: bool = False) -> dict:
