@@ -6,8 +6,8 @@ the same budget), then ``adaptune.model.evaluate``: TVM untuned, adaptune all ge
 (Inductor, freezing) and ONNX Runtime, every output checked first, the contenders timed in short
 interleaved samples; median and min of the samples, and each runtime's ratio to ONNX Runtime paired
 round by round (the median of their side-by-side samples' ratios: a slow phase of the machine slows
-both sides of a pair, so this ratio moves less between runs than the medians' ratio).  Targets (the e2e issue): adaptune <= 0.8x ONNX
-Runtime and <= 1.0x torch.compile, never slower than eager.
+both sides of a pair, so this ratio moves less between runs than the medians' ratio).  Targets (the
+e2e issue): adaptune <= 0.8x ONNX Runtime and <= 1.0x torch.compile, never slower than eager.
 
     python bench/e2e.py                                   # resnet18 resnet50 mobilenetv2, 200 trials each
     python bench/e2e.py --models demo-cnn --trials 32     # a few minutes
