@@ -112,6 +112,41 @@ def test_an_expanded_separable_kernel_computes_each_bands_expansion_inside_its_p
             assert ok, f"design space {s}: {why}"
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_an_expanded_depthwise_kernel_computes_each_channel_blocks_expansion_inside_its_parallel_loop(stride, target):
+    """``kernel_rewrites.fuse_expansion_depthwise``'s kernel (1x1 + ReLU6 -> depthwise, whose 1x1
+    consumer has more channels than it has pixels): one design space per depthwise vector block and
+    expansion vector block within it, each building and computing what the untuned kernel does,
+    with one parallel loop over channel blocks and the expansion inside it."""
+    import torch
+    from adaptune.measure.verify import KernelChecker
+    from adaptune.model import graph
+    from adaptune.model.frontends import load_model
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(16, 64, 1), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(64, 64, 3, stride, 1, groups=64), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(64, 96, 1))
+    tasks, _ = graph.extract_tasks(graph.optimise(load_model(block.eval(), input_shape=(1, 16, 6, 6)).mod), target)
+    (task,) = [t for t in tasks if "expanded_depthwise" in t.name]
+    assert covers(task.mod, target)
+    space = KnobSpace(task.mod, target, seed=1, spaces="expert")
+    lanes = vector_isa(target)[0]
+    assert len(space.traces) == sum(v % e == 0 for v in vector_blocks(64, lanes) for e in vector_blocks(64, lanes))
+    checker, rng = KernelChecker(task.mod, target), np.random.default_rng(0)
+    for s in range(len(space.traces)):
+        configs = space.random(2, rng)
+        configs[:, 0] = s
+        for sch, why, _ in space.decode_many(configs):
+            assert sch is not None, why
+            script = str(sch.mod["main"])
+            assert script.count("T.parallel") == 1
+            assert script.index("T.parallel") < script.index('T.sblock("conv2d_nhwc_update"') < \
+                script.index('T.sblock("group_conv2d_nhwc_update"')
+            ok, why = checker.check(sch.mod)
+            assert ok, f"design space {s}: {why}"
+
+
 @pytest.mark.parametrize("padding", [0, 1])
 def test_a_convolution_of_the_nchw_input_transposes_it_in_its_padding_pass(padding, target):
     """``kernel_rewrites.fuse_input_transpose``'s kernel (the model's NCHW input -> conv + ReLU):

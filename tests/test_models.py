@@ -100,10 +100,12 @@ def test_zoo_models_import_and_split_into_tasks(name, target):
     tasks, summary = extract_tasks(optimise(m.mod), target)
     n_convs = sum(isinstance(x, zoo.nn.Conv2d) for x in m.torch_module.modules())
     # a separable kernel holds a depthwise conv and the 1x1 after it; an expanded one the 1x1 before it too
-    convs = lambda t: 3 if "expanded_separable" in t.name else 2 if "separable" in t.name else 1  # noqa: E731
+    # an expanded depthwise one a 1x1 expansion and the depthwise conv after it
+    convs = lambda t: 3 if "expanded_separable" in t.name else 2 if "separable" in t.name or "expanded" in t.name else 1  # noqa: E731
     assert sum(t.weight * convs(t) for t in tasks if "conv2d" in t.name) == n_convs
-    if name == "mobilenetv2" and x86_lanes(target):        # every depthwise conv but the four at 7x7 (kernel_rewrites)
+    if name == "mobilenetv2" and x86_lanes(target):        # the four depthwise convs at 7x7 join their expansion
         assert sum(t.weight for t in tasks if "separable_conv2d" in t.name) == 17 - 4
+        assert sum(t.weight for t in tasks if "expanded_depthwise_conv2d" in t.name) == 4
     assert summary["kernel_calls"] >= sum(t.weight for t in tasks if "conv2d" in t.name)
 
 
@@ -643,3 +645,36 @@ def test_profile_counts_each_kernels_arithmetic_per_inference():
     assert rows["add"]["flops"] == flops["add"]
     assert all(r["flops"] is None for k, r in rows.items() if k.startswith("vm."))
     assert 0 < fma_peak_gflops(tvm.target.Target({"kind": "llvm"}), seconds=0.01) < 1e5
+
+
+def test_a_depthwise_convolution_left_apart_joins_the_expansion_it_alone_reads(target, avx512_target):
+    """Where the 1x1 projection has more output channels than the depthwise output has pixels (no
+    separable kernel), the 1x1 expansion + ReLU6 -> depthwise (stride 1, 2) is one kernel; an
+    expansion whose output is read twice stays a kernel of its own; the module computes what
+    PyTorch does."""
+    import torch
+    import torch.nn.functional as F
+    from adaptune.model.graph import fuse
+
+    class Late(torch.nn.Module):            # MobileNetV2's 7x7 stage in small: 4x4 pixels, 48 channels out
+        def __init__(self):
+            super().__init__()
+            conv = torch.nn.Conv2d
+            self.e1, self.d1, self.p1 = conv(16, 32, 1), conv(32, 32, 3, 2, 1, groups=32), conv(32, 48, 1)
+            self.e2, self.d2, self.p2 = conv(48, 32, 1), conv(32, 32, 3, 1, 1, groups=32), conv(32, 48, 1)
+            self.e3, self.d3, self.p3 = conv(48, 32, 1), conv(32, 32, 3, 1, 1, groups=32), conv(32, 48, 1)
+
+        def forward(self, x):
+            y = self.p1(F.relu6(self.d1(F.relu6(self.e1(x)))))
+            y = y + self.p2(F.relu6(self.d2(F.relu6(self.e2(y)))))
+            e = F.relu6(self.e3(y))
+            return self.p3(F.relu6(self.d3(e))) + e.mean()
+
+    torch.manual_seed(0)
+    m = load_model(Late().eval(), input_shape=(1, 16, 8, 8))
+    fused = fuse(optimise(m.mod), avx512_target)
+    kernels = [k.removeprefix("kernel:") for k in op_counts(fused) if k.startswith("kernel:")]
+    expanded = sorted(k for k in kernels if "expanded_depthwise" in k)
+    assert len(expanded) == 2 and not any("separable" in k for k in kernels), kernels
+    assert sorted(tuple(int(d) for d in fused[k].params[0].shape) for k in expanded) == [(1, 4, 4, 48), (1, 8, 8, 16)]
+    assert C.check(tvm.compile(fused, target=target), m) < 1e-5

@@ -24,7 +24,8 @@ from .._tvm import ms
 from ..measure.target import is_cuda
 from .constants import fold_calls, fold_constants
 from .functions import each_function
-from .kernel_rewrites import fuse_input_transpose, fuse_separable, l2_bytes, pad_output_channels
+from .kernel_rewrites import (fuse_expansion_depthwise, fuse_input_transpose, fuse_separable, l2_bytes,
+                              pad_output_channels)
 
 import tvm
 from tvm import relax
@@ -265,13 +266,15 @@ def fuse(mod, target) -> "tvm.IRModule":
     post-ops still see the plain ops.  On x86, convolutions with output channels short of whole
     vectors are padded first (``pad_output_channels``), after each depthwise convolution and the
     1x1 one it feeds became one kernel (``fuse_separable``; with the 1x1 expansion before them where
-    the expanded tensor outgrows the cores' L2) and the model's NCHW input went into
+    the expanded tensor outgrows the cores' L2), each depthwise convolution left apart one with the
+    1x1 expansion before it (``fuse_expansion_depthwise``) and the model's NCHW input went into
     the convolution that reads it (``fuse_input_transpose``)."""
     from ..search.expert import x86_lanes
     lanes = x86_lanes(target)
     if lanes:
         l2_total = l2_bytes() * int(target.attrs.get("num-cores", 1))
-        mod = pad_output_channels(fuse_input_transpose(fuse_separable(mod, lanes, l2_total), lanes), lanes)
+        mod = fuse_expansion_depthwise(fuse_separable(mod, lanes, l2_total), lanes, l2_bytes())
+        mod = pad_output_channels(fuse_input_transpose(mod, lanes), lanes)
     with target, tvm.transform.PassContext(opt_level=3):
         mod = relax.get_pipeline("zero")(relax.transform.FastMathTransform()(mod))
         return relax.transform.AttachAttrLayoutFreeBuffers()(mod)

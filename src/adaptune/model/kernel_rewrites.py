@@ -1,7 +1,8 @@
 """Kernel rewrites on the Relax graph before legalisation, for x86's vector width: output channels
 padded to whole vectors (``pad_output_channels``), each depthwise convolution fused with the 1x1
 one it alone feeds, and with the 1x1 expansion before it where the expanded tensor outgrows L2
-(``fuse_separable``), and the model's NCHW input read by its first convolution itself
+(``fuse_separable``), each depthwise convolution left apart fused with the 1x1 expansion before it
+(``fuse_expansion_depthwise``), and the model's NCHW input read by its first convolution itself
 (``fuse_input_transpose``).  Each rewritten kernel is one ``call_te`` PrimFunc marked
 output-elementwise fusable, so Relax still fuses the bias, residual and activation behind it, and
 the expert template (``search/expert.py``) schedules it."""
@@ -186,33 +187,17 @@ def fuse_separable(mod, lanes: int, l2_total: int | None = None) -> "tvm.IRModul
 
     @relax.expr_functor.mutator
     class _Separable(relax.PyExprMutator):
-        def _producer(self, expr):
-            """The call that computes ``expr`` where this kernel is its only reader, else None."""
-            return self.lookup_binding(expr) if isinstance(expr, relax.Var) and uses[expr] == 1 else None
-
-        def _epilogue(self, expr):
-            """(the elementwise ``SEPARABLE_EPILOGUE`` ops computing ``expr``, last first, and the call
-            before them), read by this kernel only; None where one takes a non-constant operand."""
-            epilogue, x = [], self._producer(expr)
-            while isinstance(x, relax.Call) and isinstance(x.op, tvm.ir.Op) and x.op.name in SEPARABLE_EPILOGUE:
-                const = None if x.op.name in UNARY_EPILOGUE else x.args[1]
-                if const is not None and not isinstance(const, tvm.ir.expr.Constant):
-                    return None
-                epilogue.append((SEPARABLE_EPILOGUE[x.op.name], const))
-                x = self._producer(x.args[0])
-            return epilogue, x
-
         def _expansion(self, expr):
             """(the 1x1 convolution, its epilogue) computing a depthwise convolution's input ``expr``
             where that is larger than ``l2_total`` and only the depthwise convolution reads it."""
             if l2_total is None or math.prod(int(d) for d in expr.ty.shape) * 4 <= l2_total:
                 return None
-            found = self._epilogue(expr)
+            found = _epilogue(self, uses, expr)
             return (found[1], found[0]) if found and found[0] and _pointwise(found[1]) else None
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            found = self._epilogue(call.args[0]) if _pointwise(call) else None
+            found = _epilogue(self, uses, call.args[0]) if _pointwise(call) else None
             if not found or not found[0] or _conv_attrs(found[1]) is None:
                 return call
             epilogue, x = found
@@ -253,6 +238,74 @@ def fuse_separable(mod, lanes: int, l2_total: int | None = None) -> "tvm.IRModul
             return _output_kernel(self.builder_, "separable_conv2d", separable, x.args[0], x.args[1], proj, *consts)
 
     return mutate_each(mod, _Separable)
+
+
+#: the most bytes of one channel block's expansion (all its pixels) that ``fuse_expansion_depthwise``
+#: lets a kernel hold: a quarter of L2, so the block's input rows and weights stay beside it
+EXPANSION_BLOCK_SHARE = 4
+
+
+def fuse_expansion_depthwise(mod, lanes: int, l2: int | None = None) -> "tvm.IRModule":
+    """Each depthwise convolution that ``fuse_separable`` left apart (its 1x1 consumer has more
+    output channels than it has pixels) and whose input is a 1x1 convolution's (bias, activation)
+    output that only it reads becomes one kernel with that expansion.  A depthwise convolution mixes
+    no channels, so the expert template runs blocks of channels in parallel, each computing its
+    slice of the expansion over the whole image into a buffer (no halo recomputed) and the
+    depthwise convolution on it: the expanded tensor never goes to memory, and one kernel launch
+    goes.  Only where a block's slice of ``lanes`` channels takes at most ``l2 / EXPANSION_BLOCK_SHARE``
+    bytes (MobileNetV2's 7x7 layers, 160->960 then the 960-channel depthwise: 9 KB)."""
+    uses = _uses(mod)
+    budget = (l2 or l2_bytes()) // EXPANSION_BLOCK_SHARE
+
+    @relax.expr_functor.mutator
+    class _ExpandedDepthwise(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            attrs = _conv_attrs(call)
+            if attrs is None:
+                return call
+            strides, padding, dilation, groups = attrs
+            channels = int(call.args[0].ty.shape[3])
+            if groups != channels or int(call.args[1].ty.shape[0]) != channels or channels % lanes:
+                return call
+            found = _epilogue(self, uses, call.args[0])
+            if not found or not found[0] or not _pointwise(found[1]):
+                return call
+            epilogue, expansion = found
+            if int(expansion.ty.shape[1]) * int(expansion.ty.shape[2]) * lanes * 4 > budget:
+                return call
+
+            def expanded_depthwise(data, weight, *args):
+                args = list(args)
+                x = topi.nn.conv(data, weight, stride=1, padding=0, dilation=1, groups=1,
+                                 data_layout="NHWC", kernel_layout="OHWI")
+                for op, const in reversed(epilogue):
+                    x = op(x) if const is None else op(x, args.pop(0))
+                return topi.nn.conv(x, args.pop(0), stride=strides, padding=padding, dilation=dilation,
+                                    groups=channels, data_layout="NHWC", kernel_layout="OHWI")
+            consts = [c for _, c in reversed(epilogue) if c is not None]
+            return _output_kernel(self.builder_, "expanded_depthwise_conv2d", expanded_depthwise,
+                                  expansion.args[0], expansion.args[1], *consts, call.args[1])
+
+    return mutate_each(mod, _ExpandedDepthwise)
+
+
+def _producer(mutator, uses, expr):
+    """The call that computes ``expr`` where one kernel is its only reader, else None."""
+    return mutator.lookup_binding(expr) if isinstance(expr, relax.Var) and uses[expr] == 1 else None
+
+
+def _epilogue(mutator, uses, expr):
+    """(the elementwise ``SEPARABLE_EPILOGUE`` ops computing ``expr``, last first, and the call before
+    them), each read by one kernel only; None where one takes a non-constant operand."""
+    epilogue, x = [], _producer(mutator, uses, expr)
+    while isinstance(x, relax.Call) and isinstance(x.op, tvm.ir.Op) and x.op.name in SEPARABLE_EPILOGUE:
+        const = None if x.op.name in UNARY_EPILOGUE else x.args[1]
+        if const is not None and not isinstance(const, tvm.ir.expr.Constant):
+            return None
+        epilogue.append((SEPARABLE_EPILOGUE[x.op.name], const))
+        x = _producer(mutator, uses, x.args[0])
+    return epilogue, x
 
 
 def _uses(mod) -> Counter:

@@ -22,7 +22,10 @@ the 1x1 micro-kernel with the depthwise rows of each parallel tile computed insi
 the channel blocks that read them (``_depthwise_at``); where a 1x1 expansion feeds the depthwise
 convolution too, the cores take bands of output rows, and each band first computes the expanded
 rows it reads, halo included, with the 1x1 micro-kernel into a buffer of the band's size
-(``_expansion_at``), so the expanded tensor never leaves L2.  Each
+(``_expansion_at``), so the expanded tensor never leaves L2.  A depthwise convolution joined
+to the 1x1 expansion before it alone (``kernel_rewrites.fuse_expansion_depthwise``) runs its
+channel blocks in parallel, each first computing its channels of the expansion over the whole image
+(``_expansion_at`` under the channel block: no halo, as a depthwise convolution mixes no channels).  Each
 vector block is its own design space, with the register blocks that fit the register file beside
 it (32 zmm with AVX-512, 16 ymm with AVX2), so no point of the space spills.  The weights are
 packed to the loop order by MetaSchedule's ``RewriteLayout`` (buffers marked layout-free, as
@@ -90,6 +93,8 @@ def _reduction_block(sch):
     reductions = [b for b in blocks if 2 in _iter_types(sch, b)]
     if len(reductions) in (2, 3) and (pair := separable_producer(sch, reductions[-1])) is not None:
         return reductions[-1] if len(reductions) == 2 or expansion_producer(sch, pair[0]) else None
+    if len(reductions) == 2 and _is_depthwise(sch, reductions[-1]) and expansion_producer(sch, reductions[-1]):
+        return reductions[-1]
     if len(reductions) != 1:
         return None
     block = reductions[0]
@@ -101,6 +106,12 @@ def _reduction_block(sch):
         k = kinds.index(2)
         return block if k >= 2 and kinds[k:] == [2] and set(kinds[:k]) == {0} else None
     return None
+
+
+def _is_depthwise(sch, block) -> bool:
+    """Whether ``block`` is an NHWC convolution with one input channel per output channel."""
+    return _kind(sch, block) in CONV_BLOCKS and _iter_types(sch, block) == [0, 0, 0, 0, 2, 2, 2] and \
+        _loop_extents(sch, block)[6] == 1
 
 
 def _loop_extents(sch, block) -> list[int]:
@@ -280,8 +291,11 @@ def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_
         raise ValueError("no NHWC convolution or matmul block")
     separable = separable_producer(sch, block)
     expansion = separable and expansion_producer(sch, separable[0])
-    stationary = separable is None and weights_stationary(sch, block)
-    for producer in [] if separable else sch.get_producers(block):
+    expanded_depthwise = not separable and _is_depthwise(sch, block) and expansion_producer(sch, block)
+    stationary = separable is None and (expanded_depthwise or weights_stationary(sch, block))
+    if expanded_depthwise:                          # its padding reads the expansion's buffer
+        sch.compute_inline(sch.get_producers(block)[0])
+    for producer in [] if separable or expanded_depthwise else sch.get_producers(block):
         for p in sch.get_producers(producer):       # the transpose of an NCHW input (fuse_input_transpose)
             sch.compute_inline(p)
         if _is_padding(sch, producer) and not inline_pad:
@@ -324,6 +338,9 @@ def micro_kernel(sch: "s_tir.Schedule", vec: int, lanes: int, regs: int, inline_
         sch.parallel(band)
         _depthwise_at(sch, sch.fuse(h_i, reg_o), *separable, lanes)
         _expansion_at(sch, band, *expansion, expansion_vec, lanes, regs)
+    elif expanded_depthwise:    # channel blocks in parallel, each block's expansion over the whole image first
+        sch.parallel(col_o)
+        _expansion_at(sch, col_o, *expanded_depthwise, expansion_vec, lanes, regs)
     elif separable:             # the channel blocks inside the parallel tile: its depthwise rows computed once
         tile = sch.fuse(*tiles[:-1])
         sch.parallel(tile)
@@ -348,10 +365,13 @@ def _design_spaces(sch: "s_tir.Schedule", lanes: int, regs: int) -> list:
     _, col_extent = _output_tile(sch, block)
     depthwise = _kind(sch, block) in CONV_BLOCKS and int(sch.get(sch.get_loops(block)[-1]).extent) == 1
     separable = separable_producer(sch, block)
-    expansion = separable and expansion_producer(sch, separable[0])
-    expansion_vecs = vector_blocks(_output_tile(sch, expansion[0])[1], lanes) if expansion else [None]
+    expansion = expansion_producer(sch, separable[0] if separable else block) if separable or depthwise else None
+    if not expansion:
+        return [micro_kernel(sch.copy(), vec, lanes, regs, inline_pad=depthwise) for vec in vector_blocks(col_extent, lanes)]
+    expansion_vecs = vector_blocks(_output_tile(sch, expansion[0])[1], lanes)
     return [micro_kernel(sch.copy(), vec, lanes, regs, inline_pad=depthwise, expansion_vec=ev)
-            for vec in vector_blocks(col_extent, lanes) for ev in expansion_vecs]
+            for vec in vector_blocks(col_extent, lanes) for ev in expansion_vecs
+            if separable or vec % ev == 0]          # an expanded depthwise kernel's expansion: within its channel block
 
 
 def covers(mod, target) -> bool:
