@@ -473,6 +473,26 @@ def test_tuned_model_compiles_checks_exports_and_resumes(tuned, target, tmp_path
         assert len(configs) == len(set(configs))
 
 
+def test_a_task_keeps_its_seed_when_the_task_list_is_reordered(tuned, target, monkeypatch):
+    """A task's seed follows its workload, not its place among the tasks: a generic space's knob
+    sizes depend on the seed, so a seed by position broke ``--resume`` once a graph pass added a task."""
+    from adaptune import scheduler
+    model, res, wd = tuned
+    seeds: list[dict] = []
+
+    class Spy(scheduler.TaskTuner):
+        def __init__(self, mod, target, *, seed, label, **kw):
+            seeds[-1][label] = seed
+            super().__init__(mod, target, seed=seed, label=label, **kw)
+    monkeypatch.setattr(scheduler, "TaskTuner", Spy)
+    for order in (1, -1):
+        seeds.append({})
+        monkeypatch.setattr(scheduler, "extract_tasks",
+                            lambda mod, tgt, order=order: (lambda ts, s: (ts[::order], s))(*extract_tasks(mod, tgt)))
+        tune_model(model, target, trials=res.trials, work_dir=wd, resume=True)    # opens every task, tunes none
+    assert len(seeds[0]) >= 2 and seeds[0] == seeds[1]
+
+
 def test_the_database_serves_the_untuned_kernel_where_it_is_the_fastest(tuned, target):
     """Compilation applies ``get_top_k(..., 1)``; for every task it must be the fastest record of
     its task log or its untuned kernel (TVM's database once skipped the untuned record's empty

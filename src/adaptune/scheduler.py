@@ -20,7 +20,9 @@ Allocation rule (ours, simpler and steadier than TVM's gradient task scheduler):
 
 Work dir: the model layout of ``measure.workdir`` (TVM's JSONDatabase, usable as-is by
 ``ms.relax_integration``; ``tasks/<task>.jsonl``; ``model.json`` with the tasks' weight, FLOPs and
-untuned latency and the graph-pass summary), locked while the run writes it.
+untuned latency and the graph-pass summary), locked while the run writes it.  Each task's seed is
+the run's seed plus its workload's structural hash (``task_seed``), not its place in the task list,
+so a model whose passes add or reorder tasks resumes every task it kept with its own design space.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+import tvm_ffi
 
 from ._tvm import ms
 from .measure.workdir import WorkDir, WorkDirError
@@ -148,6 +152,12 @@ def tune_model(model: Model, target=None, *, trials: int = 256, strategy: str = 
                             spaces=spaces, on_progress=on_progress, stage=on_stage or (lambda s: None))
 
 
+def task_seed(seed: int, mod) -> int:
+    """A task's seed, fixed by its workload: a generic design space's knob sizes depend on the
+    seed, so a seed taken from the task's position broke ``--resume`` once a task was added."""
+    return (seed + tvm_ffi.structural_hash(mod)) % (1 << 31)
+
+
 def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, batch_size, measurer, library,
                  spaces, on_progress, stage) -> ModelTuneResult:
     """``tune_model`` while it holds the work dir's lock."""
@@ -207,7 +217,7 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
                 summaries[i].best, summaries[i].trials = tt.state.best_latency, tt.trials
                 if on_progress is not None:
                     on_progress(sum(s.trials for s in summaries), trials, summaries[i].name, estimate())
-            tuners[i] = TaskTuner(tasks[i].mod, target, strategy=strategy, seed=seed + i, measurer=measurer,
+            tuners[i] = TaskTuner(tasks[i].mod, target, strategy=strategy, seed=task_seed(seed, tasks[i].mod), measurer=measurer,
                                   label=tasks[i].name, on_result=progress, spaces=spaces,
                                   store_args={"work_dir": wd.path, "db": db, "name": tasks[i].name})
             summaries[i].trials, summaries[i].best = tuners[i].trials, tuners[i].state.best_latency
