@@ -47,23 +47,20 @@ def test_every_expert_design_space_builds_and_computes_the_right_result(spec, ta
             assert ok, f"{spec}, design space {s}: max rel. error {err:.2e}"
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_a_depthwise_separable_kernel_computes_its_depthwise_rows_inside_the_pointwise_tile(stride, target):
-    """``graph.fuse_separable``'s kernel (dw + bias + ReLU6 -> 1x1): every expert design space builds
-    and computes what the untuned kernel does, with one parallel loop and the depthwise block inside it."""
-    import torch
-    from adaptune.measure.verify import KernelChecker
+def _model_task(block, input_shape, kind, target):
+    """The one task named ``kind`` of a small PyTorch block, after adaptune's graph passes."""
+    from adaptune.model import graph
     from adaptune.model.frontends import load_model
-    from adaptune.model.graph import extract_tasks, optimise
-
-    torch.manual_seed(0)
-    block = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, stride, 1, groups=32), torch.nn.ReLU6(),
-                                torch.nn.Conv2d(32, 48, 1))
-    tasks, _ = extract_tasks(optimise(load_model(block.eval(), input_shape=(1, 32, 16, 16)).mod), target)
-    (task,) = [t for t in tasks if "separable" in t.name]
+    tasks, _ = graph.extract_tasks(graph.optimise(load_model(block.eval(), input_shape=input_shape).mod), target)
+    (task,) = [t for t in tasks if kind in t.name]
     assert covers(task.mod, target)
-    space = KnobSpace(task.mod, target, seed=1, spaces="expert")
-    assert len(space.traces) == len(vector_blocks(48, vector_isa(target)[0]))
+    return task
+
+
+def _every_space_builds_and_computes(space, task, target, *blocks):
+    """Two random points of each design space build with one parallel loop, before the blocks
+    ``blocks`` in that order, and compute what the untuned kernel does."""
+    from adaptune.measure.verify import KernelChecker
     checker, rng = KernelChecker(task.mod, target), np.random.default_rng(0)
     for s in range(len(space.traces)):
         configs = space.random(2, rng)
@@ -72,9 +69,24 @@ def test_a_depthwise_separable_kernel_computes_its_depthwise_rows_inside_the_poi
             assert sch is not None, why
             script = str(sch.mod["main"])
             assert script.count("T.parallel") == 1
-            assert script.index("T.parallel") < script.index('T.sblock("group_conv2d_nhwc')
+            at = [script.index(b) for b in ("T.parallel", *blocks)]
+            assert at == sorted(at), f"design space {s}: {blocks} not inside the parallel loop in order"
             ok, why = checker.check(sch.mod)
             assert ok, f"design space {s}: {why}"
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_depthwise_separable_kernel_computes_its_depthwise_rows_inside_the_pointwise_tile(stride, target):
+    """``graph.fuse_separable``'s kernel (dw + bias + ReLU6 -> 1x1): every expert design space builds
+    and computes what the untuned kernel does, with one parallel loop and the depthwise block inside it."""
+    import torch
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, stride, 1, groups=32), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(32, 48, 1))
+    task = _model_task(block, (1, 32, 16, 16), "separable", target)
+    space = KnobSpace(task.mod, target, seed=1, spaces="expert")
+    assert len(space.traces) == len(vector_blocks(48, vector_isa(target)[0]))
+    _every_space_builds_and_computes(space, task, target, 'T.sblock("group_conv2d_nhwc')
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -84,32 +96,17 @@ def test_an_expanded_separable_kernel_computes_each_bands_expansion_inside_its_p
     that it forms): one design space per pair of vector blocks, each building and computing what the
     untuned kernel does, with one parallel loop over bands of rows and the expansion inside it."""
     import torch
-    from adaptune.measure.verify import KernelChecker
     from adaptune.model import graph
-    from adaptune.model.frontends import load_model
-
     monkeypatch.setattr(graph, "l2_bytes", lambda: 1024)
     torch.manual_seed(0)
     block = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU6(),
                                 torch.nn.Conv2d(32, 32, 3, stride, 1, groups=32), torch.nn.ReLU6(),
                                 torch.nn.Conv2d(32, 48, 1))
-    tasks, _ = graph.extract_tasks(graph.optimise(load_model(block.eval(), input_shape=(1, 16, 16, 16)).mod), target)
-    (task,) = [t for t in tasks if "expanded_separable" in t.name]
-    assert covers(task.mod, target)
+    task = _model_task(block, (1, 16, 16, 16), "expanded_separable", target)
     space = KnobSpace(task.mod, target, seed=1, spaces="expert")
     lanes = vector_isa(target)[0]
     assert len(space.traces) == len(vector_blocks(48, lanes)) * len(vector_blocks(32, lanes))
-    checker, rng = KernelChecker(task.mod, target), np.random.default_rng(0)
-    for s in range(len(space.traces)):
-        configs = space.random(2, rng)
-        configs[:, 0] = s
-        for sch, why, _ in space.decode_many(configs):
-            assert sch is not None, why
-            script = str(sch.mod["main"])
-            assert script.count("T.parallel") == 1
-            assert script.index("T.parallel") < script.index('T.sblock("conv2d_nhwc_update"')   # the expansion
-            ok, why = checker.check(sch.mod)
-            assert ok, f"design space {s}: {why}"
+    _every_space_builds_and_computes(space, task, target, 'T.sblock("conv2d_nhwc_update"')   # the expansion
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -119,32 +116,16 @@ def test_an_expanded_depthwise_kernel_computes_each_channel_blocks_expansion_ins
     expansion vector block within it, each building and computing what the untuned kernel does,
     with one parallel loop over channel blocks and the expansion inside it."""
     import torch
-    from adaptune.measure.verify import KernelChecker
-    from adaptune.model import graph
-    from adaptune.model.frontends import load_model
-
     torch.manual_seed(0)
     block = torch.nn.Sequential(torch.nn.Conv2d(16, 64, 1), torch.nn.ReLU6(),
                                 torch.nn.Conv2d(64, 64, 3, stride, 1, groups=64), torch.nn.ReLU6(),
                                 torch.nn.Conv2d(64, 96, 1))
-    tasks, _ = graph.extract_tasks(graph.optimise(load_model(block.eval(), input_shape=(1, 16, 6, 6)).mod), target)
-    (task,) = [t for t in tasks if "expanded_depthwise" in t.name]
-    assert covers(task.mod, target)
+    task = _model_task(block, (1, 16, 6, 6), "expanded_depthwise", target)
     space = KnobSpace(task.mod, target, seed=1, spaces="expert")
     lanes = vector_isa(target)[0]
     assert len(space.traces) == sum(v % e == 0 for v in vector_blocks(64, lanes) for e in vector_blocks(64, lanes))
-    checker, rng = KernelChecker(task.mod, target), np.random.default_rng(0)
-    for s in range(len(space.traces)):
-        configs = space.random(2, rng)
-        configs[:, 0] = s
-        for sch, why, _ in space.decode_many(configs):
-            assert sch is not None, why
-            script = str(sch.mod["main"])
-            assert script.count("T.parallel") == 1
-            assert script.index("T.parallel") < script.index('T.sblock("conv2d_nhwc_update"') < \
-                script.index('T.sblock("group_conv2d_nhwc_update"')
-            ok, why = checker.check(sch.mod)
-            assert ok, f"design space {s}: {why}"
+    _every_space_builds_and_computes(space, task, target, 'T.sblock("conv2d_nhwc_update"',
+                                     'T.sblock("group_conv2d_nhwc_update"')
 
 
 @pytest.mark.parametrize("padding", [0, 1])
