@@ -57,9 +57,9 @@ def _model_task(block, input_shape, kind, target):
     return task
 
 
-def _every_space_builds_and_computes(space, task, target, *blocks):
-    """Two random points of each design space build with one parallel loop, before the blocks
-    ``blocks`` in that order, and compute what the untuned kernel does."""
+def _every_space_builds_and_computes(space, task, target, check_script):
+    """Two random points of each design space build, pass ``check_script(script)`` and compute what
+    the untuned kernel does."""
     from adaptune.measure.verify import KernelChecker
     checker, rng = KernelChecker(task.mod, target), np.random.default_rng(0)
     for s in range(len(space.traces)):
@@ -67,12 +67,18 @@ def _every_space_builds_and_computes(space, task, target, *blocks):
         configs[:, 0] = s
         for sch, why, _ in space.decode_many(configs):
             assert sch is not None, why
-            script = str(sch.mod["main"])
-            assert script.count("T.parallel") == 1
-            at = [script.index(b) for b in ("T.parallel", *blocks)]
-            assert at == sorted(at), f"design space {s}: {blocks} not inside the parallel loop in order"
+            check_script(str(sch.mod["main"]))
             ok, why = checker.check(sch.mod)
             assert ok, f"design space {s}: {why}"
+
+
+def _one_parallel_loop_before(*blocks):
+    """A script check: one parallel loop, and the blocks ``blocks`` inside it in that order."""
+    def check(script):
+        assert script.count("T.parallel") == 1
+        at = [script.index(b) for b in ("T.parallel", *blocks)]
+        assert at == sorted(at), f"{blocks} not inside the parallel loop in order"
+    return check
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -86,7 +92,7 @@ def test_a_depthwise_separable_kernel_computes_its_depthwise_rows_inside_the_poi
     task = _model_task(block, (1, 32, 16, 16), "separable", target)
     space = KnobSpace(task.mod, target, seed=1, spaces="expert")
     assert len(space.traces) == len(vector_blocks(48, vector_isa(target)[0]))
-    _every_space_builds_and_computes(space, task, target, 'T.sblock("group_conv2d_nhwc')
+    _every_space_builds_and_computes(space, task, target, _one_parallel_loop_before('T.sblock("group_conv2d_nhwc'))
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -106,7 +112,8 @@ def test_an_expanded_separable_kernel_computes_each_bands_expansion_inside_its_p
     space = KnobSpace(task.mod, target, seed=1, spaces="expert")
     lanes = vector_isa(target)[0]
     assert len(space.traces) == len(vector_blocks(48, lanes)) * len(vector_blocks(32, lanes))
-    _every_space_builds_and_computes(space, task, target, 'T.sblock("conv2d_nhwc_update"')   # the expansion
+    _every_space_builds_and_computes(space, task, target,
+                                     _one_parallel_loop_before('T.sblock("conv2d_nhwc_update"'))   # the expansion
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -124,8 +131,8 @@ def test_an_expanded_depthwise_kernel_computes_each_channel_blocks_expansion_ins
     space = KnobSpace(task.mod, target, seed=1, spaces="expert")
     lanes = vector_isa(target)[0]
     assert len(space.traces) == sum(v % e == 0 for v in vector_blocks(64, lanes) for e in vector_blocks(64, lanes))
-    _every_space_builds_and_computes(space, task, target, 'T.sblock("conv2d_nhwc_update"',
-                                     'T.sblock("group_conv2d_nhwc_update"')
+    _every_space_builds_and_computes(space, task, target, _one_parallel_loop_before(
+        'T.sblock("conv2d_nhwc_update"', 'T.sblock("group_conv2d_nhwc_update"'))
 
 
 @pytest.mark.parametrize("padding", [0, 1])
@@ -134,26 +141,14 @@ def test_a_convolution_of_the_nchw_input_transposes_it_in_its_padding_pass(paddi
     every expert design space builds and computes what the untuned kernel does, with the transpose
     inlined (into the padding pass where there is one), no loop nest of its own."""
     import torch
-    from adaptune.measure.verify import KernelChecker
-    from adaptune.model.frontends import load_model
-    from adaptune.model.graph import extract_tasks, optimise
-
     torch.manual_seed(0)
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, 2, padding), torch.nn.ReLU())
-    tasks, _ = extract_tasks(optimise(load_model(conv.eval(), input_shape=(1, 3, 17, 17)).mod), target)
-    (task,) = [t for t in tasks if "nchw_input" in t.name]
-    assert covers(task.mod, target)
+    task = _model_task(conv, (1, 3, 17, 17), "nchw_input", target)
     space = KnobSpace(task.mod, target, seed=1, spaces="expert")
-    checker, rng = KernelChecker(task.mod, target), np.random.default_rng(0)
-    for s in range(len(space.traces)):
-        configs = space.random(2, rng)
-        configs[:, 0] = s
-        for sch, why, _ in space.decode_many(configs):
-            assert sch is not None, why
-            script = str(sch.mod["main"])
-            assert "T_transpose" not in script and script.count("T.parallel") == 1 + padding
-            ok, why = checker.check(sch.mod)
-            assert ok, f"design space {s}: {why}"
+
+    def check(script):
+        assert "T_transpose" not in script and script.count("T.parallel") == 1 + padding
+    _every_space_builds_and_computes(space, task, target, check)
 
 
 @pytest.mark.parametrize("spec,stationary", [("conv2d_nhwc:1,64,4,6,48,3,3,1,1", True),

@@ -487,8 +487,11 @@ def test_a_task_keeps_its_seed_when_the_task_list_is_reordered(tuned, target, mo
     monkeypatch.setattr(scheduler, "TaskTuner", Spy)
     for order in (1, -1):
         seeds.append({})
-        monkeypatch.setattr(scheduler, "extract_tasks",
-                            lambda mod, tgt, order=order: (lambda ts, s: (ts[::order], s))(*extract_tasks(mod, tgt)))
+
+        def extract_in_order(mod, tgt, order=order):
+            tasks, summary = extract_tasks(mod, tgt)
+            return tasks[::order], summary
+        monkeypatch.setattr(scheduler, "extract_tasks", extract_in_order)
         tune_model(model, target, trials=res.trials, work_dir=wd, resume=True)    # opens every task, tunes none
     assert len(seeds[0]) >= 2 and seeds[0] == seeds[1]
 

@@ -217,8 +217,8 @@ def _tune_locked(model, target, wd: WorkDir, *, trials, strategy, resume, seed, 
                 summaries[i].best, summaries[i].trials = tt.state.best_latency, tt.trials
                 if on_progress is not None:
                     on_progress(sum(s.trials for s in summaries), trials, summaries[i].name, estimate())
-            tuners[i] = TaskTuner(tasks[i].mod, target, strategy=strategy, seed=task_seed(seed, tasks[i].mod), measurer=measurer,
-                                  label=tasks[i].name, on_result=progress, spaces=spaces,
+            tuners[i] = TaskTuner(tasks[i].mod, target, strategy=strategy, seed=task_seed(seed, tasks[i].mod),
+                                  measurer=measurer, label=tasks[i].name, on_result=progress, spaces=spaces,
                                   store_args={"work_dir": wd.path, "db": db, "name": tasks[i].name})
             summaries[i].trials, summaries[i].best = tuners[i].trials, tuners[i].state.best_latency
         return tuners[i]
