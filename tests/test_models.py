@@ -641,6 +641,36 @@ def test_profile_runs_each_call_once_more_for_its_hot_time_and_never_a_vm_builti
     assert {"ms", "hot_ms", "group", "calls"} <= set(next(iter(rows.values())))
 
 
+def test_a_run_the_host_interrupts_moves_no_row_of_the_profile():
+    """Each call counts with its median over the runs: a call that stalls 60 ms in one of three runs
+    (a host preempting the VM) keeps its row at the other runs' time, as model time and as hot time;
+    a mean would have put 20 ms on it."""
+    import time
+    from tvm import relax
+    from adaptune.measure.pipeline import compile_module
+    from adaptune.model.timing import profile
+
+    invocations = []
+
+    @tvm.register_global_func("adaptune.test.profile_stall", override=True)
+    def _stall(x):
+        invocations.append(1)
+        # invocations: warm-up 1; then model run 2, hot run 3-4, model 5, hot 6-7, model 8, hot 9-10
+        if len(invocations) in (5, 7):
+            time.sleep(0.06)
+        return tvm.runtime.tensor(x.numpy() + 1.0)
+
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit(relax.call_pure_packed("adaptune.test.profile_stall", x,
+                                                           ty_args=relax.TensorType((4,), "float32"))))
+    ex = compile_module(bb.get(), tvm.target.Target({"kind": "llvm"}))
+    row = {r["call"]: r for r in profile(ex, [np.zeros(4, "float32")], runs=3)}["adaptune.test.profile_stall"]
+    assert len(invocations) == 10 and row["calls"] == 1
+    assert row["ms"] < 10 and row["hot_ms"] < 10
+
+
 def test_profile_counts_each_kernels_arithmetic_per_inference():
     """``kernel_flops`` counts a matmul's multiply-adds as TVM does (2 per MAC), and ``profile``
     gives a row the operations of all its calls in one inference (here one matmul kernel called

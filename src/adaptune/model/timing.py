@@ -140,7 +140,10 @@ def fma_peak_gflops(target, seconds: float = 0.2) -> float:
 
 
 def profile(executable, inputs, *, runs: int = 20, flops: dict | None = None) -> list[dict]:
-    """Time per VM call of one inference (Relax VM instrumentation), mean over ``runs``, grouped.
+    """Time per VM call of one inference (Relax VM instrumentation), grouped: each call of a function
+    in the inference (its first, second, ... call) is timed in ``runs`` runs and counts with its
+    median, so that a run the host interrupts moves no row (a mean put such spikes, on a noisy VM, on
+    whichever short kernel they hit).
 
     Returns rows ``{"call", "group", "calls", "ms", "hot_ms", "shapes", "flops", "clock"}`` sorted by
     time; ``shapes`` are those of the call's tensor arguments at its first call (outputs last, as the
@@ -161,9 +164,9 @@ def profile(executable, inputs, *, runs: int = 20, flops: dict | None = None) ->
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     gpu = str(dev) != str(tvm.cpu())
     clock = None if gpu else region_clock()
-    samples: dict[str, dict[bool, list[float]]] = {}
+    samples: dict[tuple[str, int], dict[bool, list[float]]] = {}     # (function, its k-th call) -> times
     regioned: set[str] = set()
-    calls: dict[str, int] = {}
+    nth: dict[str, int] = {}            # calls of each function so far in this run
     shapes: dict[str, list[tuple[int, ...]]] = {}
     started: dict[str, tuple[float, int]] = {}
     hot = [False]
@@ -186,15 +189,15 @@ def profile(executable, inputs, *, runs: int = 20, flops: dict | None = None) ->
             if r1 > r0:                 # its parallel regions, as the launcher clocked them
                 seconds = clock.seconds(r0, r1)
                 regioned.add(symbol)
-            samples.setdefault(symbol, {False: [], True: []})[hot[0]].append(seconds)
-            if not hot[0]:
-                calls[symbol] = calls.get(symbol, 0) + 1
+            k = nth[symbol] = nth.get(symbol, -1) + 1
+            samples.setdefault((symbol, k), {False: [], True: []})[hot[0]].append(seconds)
 
     vm["main"](*args)
     vm.set_instrument(instrument)
     try:
         for i in range(2 * runs):
             hot[0] = bool(i % 2)
+            nth.clear()
             if clock:
                 clock.start()
             vm["main"](*args)
@@ -202,8 +205,11 @@ def profile(executable, inputs, *, runs: int = 20, flops: dict | None = None) ->
         vm.set_instrument(None)
         if clock:
             clock.stop()
-    rows = [{"call": k, "group": _kind(k), "calls": calls[k] // runs, "ms": sum(v[False]) / runs * 1e3,
-             "hot_ms": sum(v[True]) / runs * 1e3, "shapes": shapes.get(k, []),
-             "flops": flops[k] * (calls[k] // runs) if flops and k in flops else None,
-             "clock": "regions" if k in regioned else "callback"} for k, v in samples.items()]
+    per_call: dict[str, list[tuple[float, float]]] = {}
+    for (symbol, _), v in samples.items():
+        per_call.setdefault(symbol, []).append((float(np.median(v[False])), float(np.median(v[True]))))
+    rows = [{"call": k, "group": _kind(k), "calls": len(v), "ms": sum(m for m, _ in v) * 1e3,
+             "hot_ms": sum(h for _, h in v) * 1e3, "shapes": shapes.get(k, []),
+             "flops": flops[k] * len(v) if flops and k in flops else None,
+             "clock": "regions" if k in regioned else "callback"} for k, v in per_call.items()]
     return sorted(rows, key=lambda r: -r["ms"])
