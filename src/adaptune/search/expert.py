@@ -118,6 +118,20 @@ def _loop_extents(sch, block) -> list[int]:
     return [int(sch.get(loop).extent) for loop in sch.get_loops(block)]
 
 
+def _reduction_before(sch, block):
+    """(the reduction block ``block`` reads through a line of single producers, the blocks on that
+    line in data-flow order), or None where a block on the way has more than one producer."""
+    chain, b = [], block
+    while True:
+        producers = sch.get_producers(b)
+        if len(producers) != 1:
+            return None
+        b = producers[0]
+        if 2 in _iter_types(sch, b):
+            return b, chain[::-1]
+        chain.append(b)
+
+
 def separable_producer(sch, block):
     """(depthwise block, the elementwise blocks from it to ``block``) where ``block`` is a 1x1
     stride-1 NHWC convolution that reads a depthwise convolution through elementwise blocks only
@@ -126,19 +140,14 @@ def separable_producer(sch, block):
     if _kind(sch, block) != "conv2d_nhwc" or _iter_types(sch, block) != conv or \
             _loop_extents(sch, block)[4:6] != [1, 1]:
         return None
-    chain, b = [], block
-    while True:
-        producers = sch.get_producers(b)
-        if len(producers) != 1:
-            return None
-        b = producers[0]
-        if 2 in _iter_types(sch, b):
-            break
-        chain.append(b)
+    found = _reduction_before(sch, block)
+    if found is None:
+        return None
+    b, chain = found
     if not chain or _kind(sch, b) not in CONV_BLOCKS or _iter_types(sch, b) != conv or \
             _loop_extents(sch, b)[6] != 1 or _loop_extents(sch, b)[:3] != _loop_extents(sch, block)[:3]:
         return None
-    return b, chain[::-1]
+    return b, chain
 
 
 def expansion_producer(sch, depthwise):
@@ -149,19 +158,14 @@ def expansion_producer(sch, depthwise):
     producers = sch.get_producers(depthwise)
     if len(producers) != 1 or not _is_padding(sch, producers[0]):
         return None
-    chain, b = [], producers[0]
-    while True:
-        producers = sch.get_producers(b)
-        if len(producers) != 1:
-            return None
-        b = producers[0]
-        if 2 in _iter_types(sch, b):
-            break
-        chain.append(b)
+    found = _reduction_before(sch, producers[0])
+    if found is None:
+        return None
+    b, chain = found
     if not chain or _kind(sch, b) != "conv2d_nhwc" or _iter_types(sch, b) != [0, 0, 0, 0, 2, 2, 2] or \
             _loop_extents(sch, b)[4:6] != [1, 1]:
         return None
-    return b, chain[::-1]
+    return b, chain
 
 
 def band_rows(extent: int) -> list[int]:
