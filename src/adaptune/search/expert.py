@@ -121,15 +121,13 @@ def _loop_extents(sch, block) -> list[int]:
 def _reduction_before(sch, block):
     """(the reduction block ``block`` reads through a line of single producers, the blocks on that
     line in data-flow order), or None where a block on the way has more than one producer."""
-    chain, b = [], block
-    while True:
-        producers = sch.get_producers(b)
-        if len(producers) != 1:
-            return None
-        b = producers[0]
-        if 2 in _iter_types(sch, b):
-            return b, chain[::-1]
-        chain.append(b)
+    chain = []
+    while len(producers := sch.get_producers(block)) == 1:
+        block = producers[0]
+        if 2 in _iter_types(sch, block):
+            return block, chain[::-1]
+        chain.append(block)
+    return None
 
 
 def separable_producer(sch, block):
@@ -140,8 +138,7 @@ def separable_producer(sch, block):
     if _kind(sch, block) != "conv2d_nhwc" or _iter_types(sch, block) != conv or \
             _loop_extents(sch, block)[4:6] != [1, 1]:
         return None
-    found = _reduction_before(sch, block)
-    if found is None:
+    if (found := _reduction_before(sch, block)) is None:
         return None
     b, chain = found
     if not chain or _kind(sch, b) not in CONV_BLOCKS or _iter_types(sch, b) != conv or \
@@ -158,8 +155,7 @@ def expansion_producer(sch, depthwise):
     producers = sch.get_producers(depthwise)
     if len(producers) != 1 or not _is_padding(sch, producers[0]):
         return None
-    found = _reduction_before(sch, producers[0])
-    if found is None:
+    if (found := _reduction_before(sch, producers[0])) is None:
         return None
     b, chain = found
     if not chain or _kind(sch, b) != "conv2d_nhwc" or _iter_types(sch, b) != [0, 0, 0, 0, 2, 2, 2] or \
