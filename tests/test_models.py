@@ -611,28 +611,33 @@ def test_report_renders_in_headless_chromium(tuned, tmp_path):
     assert "adaptune report" in dom
 
 
-def test_profile_runs_each_call_once_more_for_its_hot_time_and_never_a_vm_builtin():
-    """``timing.profile``'s hot runs execute every call a second time just before timing it (that
-    is what puts its data in cache), and leave the VM's builtins (allocations) alone."""
+def _profiled_packed_call(name, fn, runs):
+    """``timing.profile``'s rows, by call, of a model ``y = name(x); y + y`` on a (4,) input, with the
+    Python function ``fn`` registered as the packed function ``name``."""
     from tvm import relax
     from adaptune.measure.pipeline import compile_module
     from adaptune.model.timing import profile
 
+    tvm.register_global_func(name, fn, override=True)
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        y = bb.emit(relax.call_pure_packed(name, x, ty_args=relax.TensorType((4,), "float32")))
+        bb.emit_func_output(bb.emit(relax.op.add(y, y)))
+    ex = compile_module(bb.get(), tvm.target.Target({"kind": "llvm"}))
+    return {r["call"]: r for r in profile(ex, [np.zeros(4, "float32")], runs=runs)}
+
+
+def test_profile_runs_each_call_once_more_for_its_hot_time_and_never_a_vm_builtin():
+    """``timing.profile``'s hot runs execute every call a second time just before timing it (that
+    is what puts its data in cache), and leave the VM's builtins (allocations) alone."""
     runs = []
 
-    @tvm.register_global_func("adaptune.test.profile_counter", override=True)
     def _counter(x):
         runs.append(1)
         return tvm.runtime.tensor(x.numpy() + 1.0)
 
-    x = relax.Var("x", relax.TensorType((4,), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        y = bb.emit(relax.call_pure_packed("adaptune.test.profile_counter", x,
-                                           ty_args=relax.TensorType((4,), "float32")))
-        bb.emit_func_output(bb.emit(relax.op.add(y, y)))
-    ex = compile_module(bb.get(), tvm.target.Target({"kind": "llvm"}))
-    rows = {r["call"]: r for r in profile(ex, [np.zeros(4, "float32")], runs=3)}
+    rows = _profiled_packed_call("adaptune.test.profile_counter", _counter, runs=3)
     # a warm-up run, three runs as the model runs, three hot runs calling it twice
     assert len(runs) == 1 + 3 + 2 * 3
     counter = rows["adaptune.test.profile_counter"]
@@ -646,13 +651,8 @@ def test_a_run_the_host_interrupts_moves_no_row_of_the_profile():
     (a host preempting the VM) keeps its row at the other runs' time, as model time and as hot time;
     a mean would have put 20 ms on it."""
     import time
-    from tvm import relax
-    from adaptune.measure.pipeline import compile_module
-    from adaptune.model.timing import profile
-
     invocations = []
 
-    @tvm.register_global_func("adaptune.test.profile_stall", override=True)
     def _stall(x):
         invocations.append(1)
         # invocations: warm-up 1; then model run 2, hot run 3-4, model 5, hot 6-7, model 8, hot 9-10
@@ -660,13 +660,7 @@ def test_a_run_the_host_interrupts_moves_no_row_of_the_profile():
             time.sleep(0.06)
         return tvm.runtime.tensor(x.numpy() + 1.0)
 
-    x = relax.Var("x", relax.TensorType((4,), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        bb.emit_func_output(bb.emit(relax.call_pure_packed("adaptune.test.profile_stall", x,
-                                                           ty_args=relax.TensorType((4,), "float32"))))
-    ex = compile_module(bb.get(), tvm.target.Target({"kind": "llvm"}))
-    row = {r["call"]: r for r in profile(ex, [np.zeros(4, "float32")], runs=3)}["adaptune.test.profile_stall"]
+    row = _profiled_packed_call("adaptune.test.profile_stall", _stall, runs=3)["adaptune.test.profile_stall"]
     assert len(invocations) == 10 and row["calls"] == 1
     assert row["ms"] < 10 and row["hot_ms"] < 10
 
