@@ -14,6 +14,7 @@ import numpy as np
 
 from .._tvm import ms
 from .graph import apply_database, fuse, gpu_default_schedule, kernel_records, optimise
+from .inplace import inplace_residuals
 from ..measure.verify import TOLERANCE, relative_error
 from ..measure.pipeline import compile_module
 from ..measure.target import is_cuda, parse_target
@@ -79,7 +80,8 @@ def lower_tuned(model, database, target, library=None, serial=False, cold=None) 
     "winograd-generated" | "winograd-generated-f2", the chains to run on that implementation instead
     of the direct generated kernel (Woodpecker's per-operator choice; see ``library.plan``).
     ``serial``: glue kernels run serially (``serial_glue``).  ``cold``: a ``cold_weights.ColdChoice``
-    that picks the records of the kernels with large weights by their time with the weights cold."""
+    that picks the records of the kernels with large weights by their time with the weights cold.
+    On a CPU, residual adds whose residual dies with the call write over it (``inplace_residuals``)."""
     mod = optimise(model.mod)
     if library:
         from .library import offload
@@ -91,7 +93,7 @@ def lower_tuned(model, database, target, library=None, serial=False, cold=None) 
     if is_cuda(target):
         return gpu_default_schedule(mod, target)
     from .library import schedule_epilogues
-    return schedule_epilogues(mod)
+    return inplace_residuals(schedule_epilogues(mod))
 
 
 def build_tuned(model, database, target=None, library=None, serial=False):
