@@ -17,6 +17,7 @@ from tvm.s_tir.stmt import SBlock
 
 
 def _point(region) -> bool:
+    """Whether a block's access region is one element."""
     return all(getattr(r.extent, "value", None) == 1 for r in region)
 
 
