@@ -75,6 +75,9 @@ def inplace_residuals(mod) -> "tvm.IRModule":
             made[(gv, j)] = builder.add_func(_overwriting(mod[gv], j), f"{gv.name_hint}_inplace{j}")
         return made[(gv, j)]
 
+    def kernel_call(value) -> bool:
+        return isinstance(value, relax.Call) and (value.op.same_as(call_tir) or value.op.same_as(call_tir_inplace))
+
     def candidate(call, produced, last, i):
         if not (isinstance(call, relax.Call) and call.op.same_as(call_tir)) or len(call.args) != 2:
             return None
@@ -110,8 +113,7 @@ def inplace_residuals(mod) -> "tvm.IRModule":
                     gv, j = found
                     value = relax.op.call_tir_inplace(inplace_kernel(gv, j), value.args[1], [j], value.ty_args[0])
                     binding = relax.VarBinding(binding.var, value)
-                if isinstance(binding, relax.VarBinding) and isinstance(binding.value, relax.Call) and \
-                        (binding.value.op.same_as(call_tir) or binding.value.op.same_as(call_tir_inplace)):
+                if isinstance(binding, relax.VarBinding) and kernel_call(binding.value):
                     produced.add(binding.var)
                 bindings.append(binding)
             blocks.append(relax.DataflowBlock(bindings))
