@@ -223,6 +223,56 @@ def test_a_would_be_best_is_recorded_at_its_time_paired_with_the_incumbent(tmp_p
     assert all(r["message"].startswith("paired with the best so far") for r in after[1:])
 
 
+def _halving(k):
+    """Each kernel alone at half the last one's time, from 1 s: each is a would-be new best."""
+    return 2.0 ** -k
+
+
+@pytest.mark.slow
+def test_a_paired_estimate_beyond_the_fma_peak_is_not_recorded(tmp_path, target, monkeypatch):
+    """ResNet-50's 3x3 stride-2 layer (session 91): a challenger measured alone 4% faster than the
+    incumbent's record took 0.65x of its time in the pairs, a phase later, and was recorded at
+    327 GFLOP/s on a 227 GFLOP/s machine.  An estimate the CPU's FMA peak rules out keeps the
+    challenger's measurement alone; the challenger is still crowned, at that measurement."""
+    import adaptune.tuner as tuner
+
+    floors = []
+    monkeypatch.setattr(tuner, "fastest_possible", lambda mod, t: floors.append(1) or 10.0)   # every estimate below it
+    measurer = _Faked(target, _halving)
+    try:
+        res = tune_tir(DENSE.mod(), target, strategy="random", trials=6, batch_size=3, work_dir=tmp_path, seed=4,
+                       measurer=measurer)
+    finally:
+        measurer.close()
+    recs = [r for r in _records(tmp_path) if r["error"] == "ok"]
+    assert len(recs) == 6 and recs[0]["message"] == "" and floors == [1]   # the floor is found once
+    kept = 0
+    for k, r in enumerate(recs[1:], 1):
+        if r["message"].endswith("faster than this CPU's FMA peak allows: kept as measured alone"):
+            assert r["run_secs"] == [2.0 ** -k]
+            kept += 1
+        else:       # slower than the incumbent in the pairs: estimated above its record, not crowned
+            assert float(re.match(r"paired with the best so far: ([\d.e+-]+)x", r["message"]).group(1)) >= 1
+    assert kept >= 1 and res.best_latency == min(r["run_secs"][0] for r in recs)
+
+
+def test_the_fastest_possible_time_is_below_a_real_kernel_and_above_zero(target):
+    """The floor is what the arithmetic takes at the FMA peak: positive, and below the time of the
+    untuned dense kernel (so it only ever rejects estimates no kernel can reach)."""
+    from adaptune.measure.run import Measurer
+    from adaptune.scheduler import untuned_schedule
+    from adaptune.tuner import fastest_possible
+
+    floor = fastest_possible(DENSE.mod(), target)
+    measurer = Measurer(target)
+    try:
+        untuned = measurer.measure([untuned_schedule(DENSE.mod(), target).mod])[0].latency
+    finally:
+        measurer.close()
+    assert 0 < floor < untuned
+    assert fastest_possible(DENSE.mod(), tvm.target.Target({"kind": "cuda"})) == 0.0
+
+
 @pytest.mark.slow
 def test_kill_9_then_resume_loses_nothing(tmp_path):
     wd = tmp_path / "wd"

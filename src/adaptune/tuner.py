@@ -25,6 +25,23 @@ from .measure.verify import KernelChecker
 
 log = logging.getLogger("adaptune")
 
+PEAK_SLACK = 1.2    # kernels time at up to ~1.05x the FMA loop's own rate (the clock moves); an estimate
+                    # past 1.2x it comes from the pairing, not from a faster kernel
+_peaks: dict[str, float] = {}
+
+
+def fastest_possible(mod, target) -> float:
+    """Seconds ``mod``'s arithmetic takes at PEAK_SLACK times this CPU's FMA peak (the best of five
+    short measurements, once per target and process: a slow phase must not lower it); 0 where no
+    such peak is measured here (a GPU)."""
+    if target.kind.name != "llvm":
+        return 0.0
+    from tvm.s_tir.analysis import estimate_tir_flops
+    from .model.timing import fma_peak_gflops
+    if str(target) not in _peaks:
+        _peaks[str(target)] = max(fma_peak_gflops(target, seconds=0.05) for _ in range(5))
+    return float(estimate_tir_flops(mod)) / (PEAK_SLACK * _peaks[str(target)] * 1e9)
+
 
 @dataclass
 class TuneResult:
@@ -51,7 +68,8 @@ class TaskTuner:
     recorded (to the work dir the moment each result is known), the cost model is refit and the
     strategy updated.  A candidate measured faster than the best so far is checked (``verify``)
     and, with ``confirm``, timed again beside the best and recorded at the paired estimate
-    (``measure.paired``: on a noisy machine the fastest single measurement is the luckiest)."""
+    (``measure.paired``: on a noisy machine the fastest single measurement is the luckiest), unless
+    the estimate is faster than the CPU's FMA peak allows (``fastest_possible``)."""
 
     def __init__(self, mod, target, *, strategy="chameleon", seed: int = 0, store_args: dict | None = None,
                  measurer: Measurer | None = None, label: str = "", strategy_options: dict | None = None,
@@ -69,6 +87,7 @@ class TaskTuner:
         self.on_result = on_result
         self.checker = KernelChecker(mod, self.space.target, seed=seed) if verify else None
         self.incumbent = Incumbent() if confirm else None
+        self._floor: float | None = None        # fastest_possible, measured at the first need
         if self.checker is not None:    # one-off, so part of setup rather than of an iteration
             try:
                 self.checker.reference()
@@ -172,8 +191,19 @@ class TaskTuner:
             log.warning("%s: a new best could not be timed beside the incumbent (%s: %s); kept as measured",
                         self.label, type(e).__name__, e)
             return res
-        return MeasureResult(OK, [estimate], f"paired with the best so far: {ratio:.4g}x its {scale * 1e3:.4g} ms "
-                                             f"(measured alone: {res.latency * 1e3:.4g} ms)")
+        paired = f"paired with the best so far: {ratio:.4g}x its {scale * 1e3:.4g} ms"
+        if estimate < res.latency and estimate < self._fastest_possible():
+            # the two kernels slowed unequally between the incumbent's record and the pairs
+            self.incumbent.crown(sample, res.latency)
+            return MeasureResult(OK, res.run_secs, f"{paired} = {estimate * 1e3:.4g} ms, faster than this "
+                                                   "CPU's FMA peak allows: kept as measured alone")
+        return MeasureResult(OK, [estimate], f"{paired} (measured alone: {res.latency * 1e3:.4g} ms)")
+
+    def _fastest_possible(self) -> float:
+        """``fastest_possible`` for this task, on a local device only (the peak is this machine's)."""
+        if self._floor is None:
+            self._floor = 0.0 if self.measurer.rpc is not None else fastest_possible(self.space.mod, self.space.target)
+        return self._floor
 
     def _load_incumbent(self) -> None:
         """The resumed best record's kernel, built again to be timed beside a challenger."""
