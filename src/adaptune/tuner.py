@@ -6,6 +6,7 @@ read-only ``SearchContext``.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -87,7 +88,6 @@ class TaskTuner:
         self.on_result = on_result
         self.checker = KernelChecker(mod, self.space.target, seed=seed) if verify else None
         self.incumbent = Incumbent() if confirm else None
-        self._floor: float | None = None        # fastest_possible, measured at the first need
         if self.checker is not None:    # one-off, so part of setup rather than of an iteration
             try:
                 self.checker.reference()
@@ -192,18 +192,18 @@ class TaskTuner:
                         self.label, type(e).__name__, e)
             return res
         paired = f"paired with the best so far: {ratio:.4g}x its {scale * 1e3:.4g} ms"
-        if estimate < res.latency and estimate < self._fastest_possible():
+        if estimate < res.latency and estimate < self._floor:
             # the two kernels slowed unequally between the incumbent's record and the pairs
             self.incumbent.crown(sample, res.latency)
             return MeasureResult(OK, res.run_secs, f"{paired} = {estimate * 1e3:.4g} ms, faster than this "
                                                    "CPU's FMA peak allows: kept as measured alone")
         return MeasureResult(OK, [estimate], f"{paired} (measured alone: {res.latency * 1e3:.4g} ms)")
 
-    def _fastest_possible(self) -> float:
-        """``fastest_possible`` for this task, on a local device only (the peak is this machine's)."""
-        if self._floor is None:
-            self._floor = 0.0 if self.measurer.rpc is not None else fastest_possible(self.space.mod, self.space.target)
-        return self._floor
+    @functools.cached_property
+    def _floor(self) -> float:
+        """``fastest_possible`` for this task, measured at the first need, on a local device only (the
+        peak is this machine's)."""
+        return 0.0 if self.measurer.rpc is not None else fastest_possible(self.space.mod, self.space.target)
 
     def _load_incumbent(self) -> None:
         """The resumed best record's kernel, built again to be timed beside a challenger."""
