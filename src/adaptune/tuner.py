@@ -28,20 +28,16 @@ log = logging.getLogger("adaptune")
 
 PEAK_SLACK = 1.1    # kernels time at up to ~1.05x the FMA loop's own rate (the clock moves); estimates
                     # at 1.18x and 1.44x it came from the pairing, not from faster kernels (session 91)
-_peaks: dict[str, float] = {}
 
 
 def fastest_possible(mod, target) -> float:
-    """Seconds ``mod``'s arithmetic takes at PEAK_SLACK times this CPU's FMA peak (the best of five
-    short measurements, once per target and process: a slow phase must not lower it); 0 where no
-    such peak is measured here (a GPU)."""
+    """Seconds ``mod``'s arithmetic takes at PEAK_SLACK times this CPU's FMA peak
+    (``best_fma_peak_gflops``); 0 where no such peak is measured here (a GPU)."""
     if target.kind.name != "llvm":
         return 0.0
     from tvm.s_tir.analysis import estimate_tir_flops
-    from .model.timing import fma_peak_gflops
-    if str(target) not in _peaks:
-        _peaks[str(target)] = max(fma_peak_gflops(target, seconds=0.05) for _ in range(5))
-    return float(estimate_tir_flops(mod)) / (PEAK_SLACK * _peaks[str(target)] * 1e9)
+    from .model.timing import best_fma_peak_gflops
+    return float(estimate_tir_flops(mod)) / (PEAK_SLACK * best_fma_peak_gflops(target) * 1e9)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from ..measure.target import is_cuda
 from .constants import fold_calls, fold_constants
 from .functions import each_function
 from .kernel_rewrites import (fuse_expansion_depthwise, fuse_input_transpose, fuse_separable, l2_bytes,
-                              pad_output_channels)
+                              pad_lanes, pad_output_channels)
 
 import tvm
 from tvm import relax
@@ -264,7 +264,8 @@ def fuse(mod, target) -> "tvm.IRModule":
     polynomials LLVM vectorises, ~1e-7 relative error; the libm calls they replace run one element
     at a time: BERT's softmax 0.64 -> 0.24 ms untuned).  After ``library.offload``, so oneDNN's
     post-ops still see the plain ops.  On x86, convolutions with output channels short of whole
-    vectors are padded first (``pad_output_channels``), after each depthwise convolution and the
+    vectors (``pad_lanes``: half a register where this CPU runs those at the full rate) are padded
+    first (``pad_output_channels``), after each depthwise convolution and the
     1x1 one it feeds became one kernel (``fuse_separable``; with the 1x1 expansion before them where
     the expanded tensor outgrows the cores' L2), each depthwise convolution left apart one with the
     1x1 expansion before it (``fuse_expansion_depthwise``) and the model's NCHW input went into
@@ -272,9 +273,9 @@ def fuse(mod, target) -> "tvm.IRModule":
     from ..search.expert import x86_lanes
     lanes = x86_lanes(target)
     if lanes:
-        l2_total = l2_bytes() * int(target.attrs.get("num-cores", 1))
-        mod = fuse_expansion_depthwise(fuse_separable(mod, lanes, l2_total), lanes, l2_bytes())
-        mod = pad_output_channels(fuse_input_transpose(mod, lanes), lanes)
+        l2_total, pad = l2_bytes() * int(target.attrs.get("num-cores", 1)), pad_lanes(target, lanes)
+        mod = fuse_expansion_depthwise(fuse_separable(mod, lanes, l2_total, pad), lanes, l2_bytes())
+        mod = pad_output_channels(fuse_input_transpose(mod, pad), pad)
     with target, tvm.transform.PassContext(opt_level=3):
         mod = relax.get_pipeline("zero")(relax.transform.FastMathTransform()(mod))
         return relax.transform.AttachAttrLayoutFreeBuffers()(mod)

@@ -23,11 +23,29 @@ from .functions import mutate_each
 PAD_CHANNELS_MAX = 4 / 3
 
 
+#: a half-width vector counts as a whole one where its FMAs keep at least this share of the full width's FLOP/s
+HALF_VECTOR_RATE = 3 / 4
+
+
 def padded_channels(co: int, lanes: int) -> int:
     """``co`` rounded up to whole ``lanes``-wide vectors where that adds at most ``PAD_CHANNELS_MAX``
     of work, else ``co``."""
     padded = -(-co // lanes) * lanes
     return co if padded > PAD_CHANNELS_MAX * co else padded
+
+
+def pad_lanes(target, lanes: int) -> int:
+    """The vector width output channels are padded to: ``lanes``, or half of it where this CPU runs
+    half-width FMAs at ``HALF_VECTOR_RATE`` or more of the full width's FLOP/s.  AMD Zen 4 executes a
+    zmm FMA as two ymm halves (measured: ymm 215, zmm 224 GFLOP/s), so MobileNetV2's 24 channels as a
+    zmm and a ymm do 3/4 of the padded 32's work and run 3-10% faster; on Intel's two 512-bit FMA
+    ports a ymm takes a zmm's slot and padding wins (docs/decisions.md, sessions 63 and 92).  Measured
+    only where the target is this host's CPU; elsewhere whole vectors."""
+    from .timing import best_fma_peak_gflops
+    if lanes <= 4 or str(target.attrs.get("mcpu", "")) != tvm.target.codegen.llvm_get_system_cpu():
+        return lanes
+    half = best_fma_peak_gflops(target, lanes // 2) >= HALF_VECTOR_RATE * best_fma_peak_gflops(target)
+    return lanes // 2 if half else lanes
 
 
 def _conv_attrs(call):
@@ -163,7 +181,7 @@ def _pointwise(call) -> bool:
         and attrs[0] == [1, 1] and not any(attrs[1])
 
 
-def fuse_separable(mod, lanes: int, l2_total: int | None = None) -> "tvm.IRModule":
+def fuse_separable(mod, lanes: int, l2_total: int | None = None, pad: int | None = None) -> "tvm.IRModule":
     """Each depthwise convolution whose (bias, activation) output feeds a 1x1 convolution only
     becomes one kernel with it (a depthwise-separable block's second half: MobileNetV2's depthwise
     and projection), which the expert template schedules with the depthwise rows of each output tile
@@ -171,8 +189,8 @@ def fuse_separable(mod, lanes: int, l2_total: int | None = None) -> "tvm.IRModul
 
     Apart, the depthwise output makes a round trip through memory (1.6-1.8 MB at MobileNetV2's
     112x112x32 and 56x56x144, about L2's size); fused, each tile's rows stay in L1.  The pointwise
-    output channels are padded as ``pad_output_channels`` does.  The two stay apart where the
-    depthwise channels are not whole vectors, the ops between are other than ``SEPARABLE_EPILOGUE``,
+    output channels are padded as ``pad_output_channels`` does, to whole ``pad``-wide vectors (default
+    ``lanes``).  The two stay apart where the depthwise channels are not whole vectors, the ops between are other than ``SEPARABLE_EPILOGUE``,
     or the pointwise weight is larger than the depthwise output (more output channels than pixels):
     each parallel tile would read the whole weight again, where apart the pointwise kernel reads each
     weight block once (MobileNetV2's 7x7 layers, 960x320 weights for 49 pixels: 0.135 ms fused,
@@ -209,7 +227,7 @@ def fuse_separable(mod, lanes: int, l2_total: int | None = None) -> "tvm.IRModul
             co = w.shape[0]
             if co > int(x.ty.shape[1]) * int(x.ty.shape[2]):
                 return call                     # the pointwise weight outweighs the depthwise output
-            padded = padded_channels(co, lanes)
+            padded = padded_channels(co, pad or lanes)
             expansion = self._expansion(x.args[0]) if any(padding) else None
             exp_epilogue = expansion[1] if expansion else []
 

@@ -105,14 +105,16 @@ def kernel_flops(mod) -> dict[str, float]:
             for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
-def fma_peak_gflops(target, seconds: float = 0.2) -> float:
+def fma_peak_gflops(target, seconds: float = 0.2, lanes: int | None = None, best_of: int = 1) -> float:
     """The FMA peak of this CPU on every core TVM uses, GFLOP/s: per thread, independent vector
     accumulators (the register file less a few) updated by fused multiply-adds, nothing loaded in
-    the loop."""
+    the loop; vectors of ``lanes`` float32 (the target's full width by default), the best of
+    ``best_of`` measurements of the one kernel."""
     from tvm.script import tirx as T
 
     from ..search.expert import vector_isa
-    lanes, regs = vector_isa(target)
+    full, regs = vector_isa(target)
+    lanes = lanes or full
     threads = tvm.get_global_func("runtime.NumThreads")()
     acc_n, steps = regs - 8, 1 << 18
 
@@ -135,8 +137,20 @@ def fma_peak_gflops(target, seconds: float = 0.2) -> float:
     f = tvm.compile(tvm.IRModule({"main": fma}), target=target)["main"]
     x = tvm.runtime.tensor(np.ones((threads, acc_n, lanes), "float32"))
     y = tvm.runtime.tensor(np.array([0.999, 0.001], "float32"))
-    t = time_callable(lambda: f(x, y), repeat=7, min_repeat_ms=int(seconds * 1e3))
+    t = min(time_callable(lambda: f(x, y), repeat=7, min_repeat_ms=int(seconds * 1e3)) for _ in range(best_of))
     return 2.0 * threads * acc_n * lanes * steps / t / 1e9
+
+
+_best_peaks: dict[tuple[str, int | None], float] = {}
+
+
+def best_fma_peak_gflops(target, lanes: int | None = None) -> float:
+    """``fma_peak_gflops`` as the best of five short measurements, once per target, width and
+    process: what a slow phase of the host must not lower (the tuner's floor, the padding width)."""
+    key = (str(target), lanes)
+    if key not in _best_peaks:
+        _best_peaks[key] = fma_peak_gflops(target, seconds=0.02, lanes=lanes, best_of=5)
+    return _best_peaks[key]
 
 
 def profile(executable, inputs, *, runs: int = 20, flops: dict | None = None) -> list[dict]:
