@@ -96,9 +96,10 @@ def pad_output_channels(mod, lanes: int) -> "tvm.IRModule":
     its kernel keeps the real channels (a slice fused as its epilogue, before the bias, residual and
     activation that Relax then fuses behind it), where that adds at most ``PAD_CHANNELS_MAX`` of work.
 
-    MobileNetV2's 24-channel projections on AVX-512: no register tile covers 24 lanes well (a zmm and
-    a ymm, or three half-zmm blocks each loading its broadcast input again), and the tuned 144->24
-    kernel ran at 89 GFLOPS where 144->32 runs at 193 (docs/decisions.md, session 63)."""
+    MobileNetV2's 24-channel projections on Intel's AVX-512: no register tile covers 24 lanes well (a
+    zmm and a ymm, or three half-zmm blocks each loading its broadcast input again), and the tuned
+    144->24 kernel ran at 89 GFLOPS where 144->32 runs at 193 (docs/decisions.md, session 63).
+    ``lanes`` is ``pad_lanes``' width in a model."""
 
     @relax.expr_functor.mutator
     class _Pad(relax.PyExprMutator):
