@@ -190,12 +190,12 @@ def fuse_separable(mod, lanes: int, l2_total: int | None = None, pad: int | None
 
     Apart, the depthwise output makes a round trip through memory (1.6-1.8 MB at MobileNetV2's
     112x112x32 and 56x56x144, about L2's size); fused, each tile's rows stay in L1.  The pointwise
-    output channels are padded as ``pad_output_channels`` does, to whole ``pad``-wide vectors (default
-    ``lanes``).  The two stay apart where the depthwise channels are not whole vectors, the ops between are other than ``SEPARABLE_EPILOGUE``,
-    or the pointwise weight is larger than the depthwise output (more output channels than pixels):
-    each parallel tile would read the whole weight again, where apart the pointwise kernel reads each
-    weight block once (MobileNetV2's 7x7 layers, 960x320 weights for 49 pixels: 0.135 ms fused,
-    0.108 apart; docs/decisions.md, session 65).
+    output channels are padded as ``pad_output_channels`` does, to whole ``pad``-wide vectors
+    (default ``lanes``).  The two stay apart where the depthwise channels are not whole vectors, the
+    ops between are other than ``SEPARABLE_EPILOGUE``, or the pointwise weight is larger than the
+    depthwise output (more output channels than pixels): each parallel tile would read the whole
+    weight again, where apart the pointwise kernel reads each weight block once (MobileNetV2's 7x7
+    layers, 960x320 weights for 49 pixels: 0.135 ms fused, 0.108 apart; docs/decisions.md, session 65).
 
     Where the (padded) depthwise convolution's input is a 1x1 convolution's (bias, activation)
     output larger than ``l2_total`` bytes (the cores' L2 together) that only it reads, that 1x1
