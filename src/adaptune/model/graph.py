@@ -273,7 +273,8 @@ def fuse(mod, target) -> "tvm.IRModule":
     from ..search.expert import x86_lanes
     lanes = x86_lanes(target)
     if lanes:
-        l2_total, pad = l2_bytes() * int(target.attrs.get("num-cores", 1)), pad_lanes(target, lanes)
+        l2_total = l2_bytes() * int(target.attrs.get("num-cores", 1))
+        pad = pad_lanes(target, lanes)
         mod = fuse_expansion_depthwise(fuse_separable(mod, lanes, l2_total, pad), lanes, l2_bytes())
         mod = pad_output_channels(fuse_input_transpose(mod, pad), pad)
     with target, tvm.transform.PassContext(opt_level=3):
