@@ -274,27 +274,31 @@ def test_convolutions_short_of_whole_vectors_run_padded_with_their_epilogues_fus
 def test_the_padding_width_follows_the_half_vector_fma_rate(monkeypatch):
     """Half-width vectors count as whole ones where this CPU runs their FMAs at 3/4 or more of the full
     width's FLOP/s (AMD Zen 4), not at half (Intel's 512-bit FMA ports); a target other than this host's
-    CPU is never measured and keeps whole vectors.  With half vectors whole, 24 channels stay 24."""
+    CPU, or a model whose channels pad alike at both widths, is never measured and keeps whole vectors.
+    With half vectors whole, 24 channels stay 24."""
     from adaptune.model import graph, kernel_rewrites, timing
     rates = {None: 224.0, 8: 215.0}
     monkeypatch.setattr(timing, "best_fma_peak_gflops", lambda t, lanes=None: rates[lanes])
     cpu = tvm.target.codegen.llvm_get_system_cpu()
     host = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
-    assert kernel_rewrites.pad_lanes(host, 16) == 8
+    assert kernel_rewrites.pad_lanes(host, 16, {24, 64}) == 8
     rates[8] = 112.0
-    assert kernel_rewrites.pad_lanes(host, 16) == 16
+    assert kernel_rewrites.pad_lanes(host, 16, {24, 64}) == 16
     rates.clear()                                                   # measuring now raises KeyError
     other = tvm.target.Target({"kind": "llvm", "mcpu": "znver4" if cpu != "znver4" else "sapphirerapids"})
-    assert kernel_rewrites.pad_lanes(other, 16) == 16 and kernel_rewrites.pad_lanes(host, 4) == 4
+    assert kernel_rewrites.pad_lanes(other, 16, {24}) == 16 and kernel_rewrites.pad_lanes(host, 4, {6}) == 4
+    assert kernel_rewrites.pad_lanes(host, 16, {3, 64, 512}) == 16      # 3 is not padded at all
 
     import torch
-    m = load_model(torch.nn.Conv2d(16, 24, 1).eval(), input_shape=(1, 16, 6, 6))
+    m = load_model(torch.nn.Sequential(torch.nn.Conv2d(16, 24, 1), torch.nn.Conv2d(24, 64, 3)).eval(),
+                   input_shape=(1, 16, 6, 6))
+    assert kernel_rewrites.conv_output_channels(optimise(m.mod)) == {24, 64}
     avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
     for width, channels in ((16, 32), (8, 24)):
-        monkeypatch.setattr(graph, "pad_lanes", lambda t, lanes: width)
+        monkeypatch.setattr(graph, "pad_lanes", lambda t, lanes, co: width)
         fused = graph.fuse(optimise(m.mod), avx512)
         weights = [int(f.params[1].shape[0]) for gv, f in fused.functions_items() if "conv2d" in gv.name_hint]
-        assert weights == [channels]
+        assert sorted(weights) == [channels, 64]
 
 
 def test_the_nchw_input_is_read_by_the_convolutions_it_feeds(target):

@@ -24,8 +24,8 @@ from .._tvm import ms
 from ..measure.target import is_cuda
 from .constants import fold_calls, fold_constants
 from .functions import each_function
-from .kernel_rewrites import (fuse_expansion_depthwise, fuse_input_transpose, fuse_separable, l2_bytes,
-                              pad_lanes, pad_output_channels)
+from .kernel_rewrites import (conv_output_channels, fuse_expansion_depthwise, fuse_input_transpose,
+                              fuse_separable, l2_bytes, pad_lanes, pad_output_channels)
 
 import tvm
 from tvm import relax
@@ -274,7 +274,7 @@ def fuse(mod, target) -> "tvm.IRModule":
     lanes = x86_lanes(target)
     if lanes:
         l2_total = l2_bytes() * int(target.attrs.get("num-cores", 1))
-        pad = pad_lanes(target, lanes)
+        pad = pad_lanes(target, lanes, conv_output_channels(mod))
         mod = fuse_expansion_depthwise(fuse_separable(mod, lanes, l2_total, pad), lanes, l2_bytes())
         mod = pad_output_channels(fuse_input_transpose(mod, pad), pad)
     with target, tvm.transform.PassContext(opt_level=3):

@@ -34,18 +34,34 @@ def padded_channels(co: int, lanes: int) -> int:
     return co if padded > PAD_CHANNELS_MAX * co else padded
 
 
-def pad_lanes(target, lanes: int) -> int:
+def pad_lanes(target, lanes: int, channels) -> int:
     """The vector width output channels are padded to: ``lanes``, or half of it where this CPU runs
     half-width FMAs at ``HALF_VECTOR_RATE`` or more of the full width's FLOP/s.  AMD Zen 4 executes a
     zmm FMA as two ymm halves (measured: ymm 215, zmm 224 GFLOP/s), so MobileNetV2's 24 channels as a
     zmm and a ymm do 3/4 of the padded 32's work and run 3-10% faster; on Intel's two 512-bit FMA
     ports a ymm takes a zmm's slot and padding wins (docs/decisions.md, sessions 63 and 92).  Measured
-    only where the target is this host's CPU; elsewhere whole vectors."""
+    only where the target is this host's CPU and some of ``channels`` (the model's convolutions'
+    output channels, ``conv_output_channels``) pad differently at the two widths; elsewhere whole
+    vectors (a ResNet's channels are whole vectors at either width: its processes measure nothing)."""
     from .timing import best_fma_peak_gflops
-    if lanes <= 4 or str(target.attrs.get("mcpu", "")) != tvm.target.codegen.llvm_get_system_cpu():
+    half = lanes // 2
+    if lanes <= 4 or str(target.attrs.get("mcpu", "")) != tvm.target.codegen.llvm_get_system_cpu() or \
+            all(padded_channels(co, half) == padded_channels(co, lanes) for co in channels):
         return lanes
-    half = best_fma_peak_gflops(target, lanes // 2) >= HALF_VECTOR_RATE * best_fma_peak_gflops(target)
-    return lanes // 2 if half else lanes
+    return half if best_fma_peak_gflops(target, half) >= HALF_VECTOR_RATE * best_fma_peak_gflops(target) else lanes
+
+
+def conv_output_channels(mod) -> set[int]:
+    """The output channel counts of ``mod``'s convolutions that the rewrites here may pad."""
+    found = set()
+
+    def visit(expr):
+        if _conv_attrs(expr) is not None:
+            found.add(int(expr.args[1].ty.shape[0]))
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
 
 
 def _conv_attrs(call):
