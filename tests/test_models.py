@@ -603,7 +603,32 @@ def test_compile_cli_writes_a_checked_library(tuned, tiny_onnx, tmp_path, capsys
     _, _, wd = tuned
     out = tmp_path / "tiny.so"
     assert main(["compile", str(tiny_onnx), "--db", str(wd), "-o", str(out), "--rounds", "1"]) == 0
-    assert out.stat().st_size > 0 and "numerics PASS" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert out.stat().st_size > 0 and "numerics PASS" in printed.out and "no record" not in printed.err
+
+
+def test_kernels_without_a_record_are_named_in_one_warning(tuned, target, capsys):
+    """A database that lacks a kernel's records (tuned for another model, or on a CPU whose vector width
+    pads the channels otherwise) still builds, the kernel untuned, and one line names that kernel."""
+    from tvm.s_tir import meta_schedule as ms
+    from adaptune.model.graph import fuse
+    model, _, wd = tuned
+    db = C.open_database(wd)
+    fused = fuse(optimise(model.mod), target)
+    assert C.untuned_kernels(fused, db, target) == []
+    names = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    dropped = next(n for n in names if "conv2d" in n)
+    partial, mod = ms.database.MemoryDatabase(), tvm.IRModule({"main": fused[dropped].with_attr("global_symbol", "main")})
+    for rec in db.get_all_tuning_records():
+        if not tvm_ffi.structural_equal(rec.workload.mod, mod):
+            partial.commit_tuning_record(ms.database.TuningRecord(
+                rec.trace, partial.commit_workload(rec.workload.mod), run_secs=rec.run_secs, target=rec.target,
+                args_info=rec.args_info))
+    assert C.untuned_kernels(fused, partial, target) == [dropped]
+    best = C.build_best(model, partial, target, library=False, rounds=1)
+    err = capsys.readouterr().err
+    assert best.best.error < 1e-4 and err.count("no record") == 1 and dropped in err
+    assert f"for 1 of the model's {len(names)} kernels" in err
 
 
 # -- report ------------------------------------------------------------------------------------------

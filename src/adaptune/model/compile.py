@@ -1,11 +1,13 @@
 """Compile a model with the tuning database into a Relax VM executable; run, check and time it.
 
-A kernel with no record in the database falls back to TVM's untuned PrimFunc (TVM warns).  Every
-executable is checked against the model's reference before any timing is reported.
+A kernel with no record in the database falls back to TVM's untuned PrimFunc, and one warning line
+names such kernels (``untuned_kernels``).  Every executable is checked against the model's reference
+before any timing is reported.
 """
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,21 @@ def build_untuned(model, target=None):
     our "untuned TVM" baseline."""
     target = parse_target(target)
     return tvm.compile(gpu_default_schedule(fuse(optimise(model.mod), target), target), target=target)
+
+
+def untuned_kernels(fused, database, target) -> list[str]:
+    """The kernels of ``fused`` that have no record in ``database``: they would run TVM's untuned code
+    (a work dir tuned for another model, an older adaptune, or a CPU whose vector width pads the
+    convolutions' channels otherwise: ``kernel_rewrites.pad_lanes``)."""
+    missing = []
+
+    def record(name, func, mod):
+        rec = database.query_tuning_record(mod, target, name)
+        if rec is None:
+            missing.append(name)
+        return rec
+    kernel_records(fused, target, record)
+    return missing
 
 
 # ``build_best``'s race: one short sample per build per round, so a round of six builds stays under a
@@ -202,14 +219,23 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     from .library import chosen, eligible, generated_choice, plan
     target = parse_target(target)
     inputs = inputs if inputs is not None else model.example_inputs()
-    choices = plan(optimise(model.mod), database, target, library_times, library=library)
+    optimised = optimise(model.mod)
+    choices = plan(optimised, database, target, library_times, library=library)
+    fused = fuse(optimised, target)
+    missing = untuned_kernels(fused, database, target)
+    if missing:
+        kernels = sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in fused.functions_items())
+        print(f"adaptune: warning: no record in the tuning database for {len(missing)} of the model's {kernels} "
+              f"kernels ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they run TVM's untuned "
+              "code (a database tuned for another model, CPU or adaptune version; `adaptune tune` with --resume "
+              "on its work dir tunes them)", file=sys.stderr)
     winograd = generated_choice(choices)
     all_generated = [("generated", winograd)] + winograd_caps(choices)
     variants = [(name, ops, False, None) for name, ops in all_generated]
     if not is_cuda(target):
         from .cold_weights import ColdChoice
         cold = ColdChoice(database, target)
-        if cold.applies(optimise(model.mod)):
+        if cold.applies(optimised):
             variants += [(f"{name}, records timed with cold weights", ops, False, cold) for name, ops in all_generated]
     variants += [("generated, direct", {}, False, None)] if winograd else []
     if library and choices:
@@ -233,7 +259,6 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
         except Exception as e:              # noqa: BLE001 - a library build that fails leaves the others
             if not ops and cold is None:
                 raise
-            import sys
             print(f"adaptune: warning: the {name} build fails ({' '.join(str(e).split())[:160]}); left out",
                   file=sys.stderr)
     times = {b.name: [] for b in builds}
