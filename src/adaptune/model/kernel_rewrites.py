@@ -52,7 +52,8 @@ def pad_lanes(target, lanes: int, channels) -> int:
 
 
 def conv_output_channels(mod) -> set[int]:
-    """The output channel counts of ``mod``'s convolutions that the rewrites here may pad."""
+    """The output channel counts of ``mod``'s NHWC convolutions with constant weights: those the
+    rewrites here may pad, and the depthwise ones, which they never pad (a superset does no harm)."""
     found = set()
 
     def visit(expr):
