@@ -117,8 +117,7 @@ class ColdChoice:
         """Whether the model's constants outgrow the last-level cache, so its large weights come cold."""
         return constant_bytes(mod) > self.llc
 
-    def _choose(self, func):
-        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    def _choose(self, func, mod):
         key = str(tvm_ffi.structural_hash(mod))
         if key in self.chosen:
             return self.chosen[key]
@@ -138,6 +137,6 @@ class ColdChoice:
         kernel whose weights reach ``HEAVY_BYTES``."""
         def record(name, func, mod):
             if (func.attrs or {}).get("layout_free_buffers") and _weight_bytes(func) >= HEAVY_BYTES:
-                return self._choose(func)
+                return self._choose(func, mod)
             return self.database.query_tuning_record(mod, self.target, name)
         return kernel_records(fused, self.target, record)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .._tvm import ms
-from .graph import apply_database, fuse, gpu_default_schedule, kernel_records, optimise
+from .graph import apply_database, fuse, gpu_default_schedule, kernel_records, kernels, optimise
 from .inplace import inplace_residuals
 from ..measure.verify import TOLERANCE, relative_error
 from ..measure.pipeline import compile_module
@@ -49,15 +49,7 @@ def untuned_kernels(fused, database, target) -> list[str]:
     """The kernels of ``fused`` that have no record in ``database``: they would run TVM's untuned code
     (a work dir tuned for another model, an older adaptune, or a CPU whose vector width pads the
     convolutions' channels otherwise: ``kernel_rewrites.pad_lanes``)."""
-    missing = []
-
-    def record(name, func, mod):
-        rec = database.query_tuning_record(mod, target, name)
-        if rec is None:
-            missing.append(name)
-        return rec
-    kernel_records(fused, target, record)
-    return missing
+    return [name for name, _, mod in kernels(fused) if database.query_tuning_record(mod, target, name) is None]
 
 
 # ``build_best``'s race: one short sample per build per round, so a round of six builds stays under a
@@ -224,8 +216,8 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     fused = fuse(optimised, target)
     missing = untuned_kernels(fused, database, target)
     if missing:
-        kernels = sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in fused.functions_items())
-        print(f"adaptune: warning: no record in the tuning database for {len(missing)} of the model's {kernels} "
+        count = sum(1 for _ in kernels(fused))
+        print(f"adaptune: warning: no record in the tuning database for {len(missing)} of the model's {count} "
               f"kernels ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they run TVM's untuned "
               "code (a database tuned for another model, CPU or adaptune version; `adaptune tune` with --resume "
               "on its work dir tunes them)", file=sys.stderr)

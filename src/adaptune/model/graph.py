@@ -282,14 +282,19 @@ def fuse(mod, target) -> "tvm.IRModule":
         return relax.transform.AttachAttrLayoutFreeBuffers()(mod)
 
 
+def kernels(fused):
+    """(name, PrimFunc, the kernel alone as databases key it) for each kernel of ``fused``."""
+    for gv, func in fused.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            yield gv.name_hint, func, tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
 def kernel_records(fused, target, record) -> "ms.database.MemoryDatabase":
     """A database with one record per kernel of ``fused``: ``record(name, func, mod)`` gives the
     kernel's record (``mod``: the kernel alone, as databases key it), or None for none."""
     out = ms.database.MemoryDatabase()
-    for gv, func in fused.functions_items():
-        if not isinstance(func, tvm.tirx.PrimFunc):
-            continue
-        rec = record(gv.name_hint, func, tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    for name, func, mod in kernels(fused):
+        rec = record(name, func, mod)
         if rec is not None:
             out.commit_tuning_record(ms.database.TuningRecord(rec.trace, out.commit_workload(rec.workload.mod),
                                                               run_secs=rec.run_secs, target=target,
