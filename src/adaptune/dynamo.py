@@ -91,14 +91,16 @@ def _saved_choice(folder: Path, optimised) -> tuple[dict, bool] | None:
 def _compile(model, folder: Path, opts: dict):
     """Tune ``model`` into ``folder`` (unless a former call did) and build it: (executable, summary)."""
     from .model import compile as C
-    from .model.graph import optimise
+    from .model.graph import fuse, optimise
     from .measure.target import parse_target
     from .measure.workdir import WorkDir, write_json
     from .scheduler import tune_model
     target = parse_target(opts["target"])
     saved = _saved_choice(folder, optimise(model.mod))
     if saved is not None:                                   # a former call's build: measure nothing
-        ex = C.build_tuned(model, C.open_database(folder), target, *saved)
+        database = C.open_database(folder)
+        C.warn_untuned(fuse(optimise(model.mod), target), database, target)
+        ex = C.build_tuned(model, database, target, *saved)
         error = C.check(ex, model)
         return ex, f"rebuilt from {folder} (nothing measured), max error {error:.1e}"
     resume = WorkDir(folder).is_model()

@@ -52,6 +52,17 @@ def untuned_kernels(fused, database, target) -> list[str]:
     return [name for name, _, mod in kernels(fused) if database.query_tuning_record(mod, target, name) is None]
 
 
+def warn_untuned(fused, database, target) -> None:
+    """One stderr line naming the kernels of ``fused`` that ``untuned_kernels`` finds, if any."""
+    missing = untuned_kernels(fused, database, target)
+    if missing:
+        count = sum(1 for _ in kernels(fused))
+        print(f"adaptune: warning: no record in the tuning database for {len(missing)} of the model's {count} "
+              f"kernels ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they run TVM's untuned "
+              "code (a database tuned for another model, CPU or adaptune version; `adaptune tune` with --resume "
+              "on its work dir tunes them)", file=sys.stderr)
+
+
 # ``build_best``'s race: one short sample per build per round, so a round of six builds stays under a
 # second (inside a noisy machine's quick and slow phases), and 5x the rounds asked for.
 RACE_SAMPLE_MS = 100
@@ -214,13 +225,7 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     optimised = optimise(model.mod)
     choices = plan(optimised, database, target, library_times, library=library)
     fused = fuse(optimised, target)
-    missing = untuned_kernels(fused, database, target)
-    if missing:
-        count = sum(1 for _ in kernels(fused))
-        print(f"adaptune: warning: no record in the tuning database for {len(missing)} of the model's {count} "
-              f"kernels ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they run TVM's untuned "
-              "code (a database tuned for another model, CPU or adaptune version; `adaptune tune` with --resume "
-              "on its work dir tunes them)", file=sys.stderr)
+    warn_untuned(fused, database, target)
     winograd = generated_choice(choices)
     all_generated = [("generated", winograd)] + winograd_caps(choices)
     variants = [(name, ops, False, None) for name, ops in all_generated]
