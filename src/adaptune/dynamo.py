@@ -99,7 +99,7 @@ def _compile(model, folder: Path, opts: dict):
     saved = _saved_choice(folder, optimise(model.mod))
     if saved is not None:                                   # a former call's build: measure nothing
         database = C.open_database(folder)
-        C.warn_untuned(fuse(optimise(model.mod), target), database, target)
+        C.warn_untuned(fuse(optimise(model.mod), target), database, target, f"removing {folder} tunes them afresh")
         ex = C.build_tuned(model, database, target, *saved)
         error = C.check(ex, model)
         return ex, f"rebuilt from {folder} (nothing measured), max error {error:.1e}"

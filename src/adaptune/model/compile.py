@@ -52,15 +52,16 @@ def untuned_kernels(fused, database, target) -> list[str]:
     return [name for name, _, mod in kernels(fused) if database.query_tuning_record(mod, target, name) is None]
 
 
-def warn_untuned(fused, database, target) -> None:
-    """One stderr line naming the kernels of ``fused`` that ``untuned_kernels`` finds, if any."""
+def warn_untuned(fused, database, target,
+                 remedy: str = "`adaptune tune` with --resume on its work dir tunes them") -> None:
+    """One stderr line naming the kernels of ``fused`` that ``untuned_kernels`` finds, if any, and
+    ``remedy``, what tunes them."""
     missing = untuned_kernels(fused, database, target)
     if missing:
         count = sum(1 for _ in kernels(fused))
         print(f"adaptune: warning: no record in the tuning database for {len(missing)} of the model's {count} "
               f"kernels ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they run TVM's untuned "
-              "code (a database tuned for another model, CPU or adaptune version; `adaptune tune` with --resume "
-              "on its work dir tunes them)", file=sys.stderr)
+              f"code (a database tuned for another model, CPU or adaptune version; {remedy})", file=sys.stderr)
 
 
 # ``build_best``'s race: one short sample per build per round, so a round of six builds stays under a
