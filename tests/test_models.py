@@ -611,14 +611,14 @@ def test_kernels_without_a_record_are_named_in_one_warning(tuned, target, capsys
     """A database that lacks a kernel's records (tuned for another model, or on a CPU whose vector width
     pads the channels otherwise) still builds, the kernel untuned, and one line names that kernel."""
     from tvm.s_tir import meta_schedule as ms
-    from adaptune.model.graph import fuse
+    from adaptune.model.graph import fuse, kernels
     model, _, wd = tuned
     db = C.open_database(wd)
     fused = fuse(optimise(model.mod), target)
     assert C.untuned_kernels(fused, db, target) == []
-    names = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    names = {name: mod for name, _, mod in kernels(fused)}
     dropped = next(n for n in names if "conv2d" in n)
-    partial, mod = ms.database.MemoryDatabase(), tvm.IRModule({"main": fused[dropped].with_attr("global_symbol", "main")})
+    partial, mod = ms.database.MemoryDatabase(), names[dropped]
     for rec in db.get_all_tuning_records():
         if not tvm_ffi.structural_equal(rec.workload.mod, mod):
             partial.commit_tuning_record(ms.database.TuningRecord(

@@ -96,10 +96,11 @@ def _compile(model, folder: Path, opts: dict):
     from .measure.workdir import WorkDir, write_json
     from .scheduler import tune_model
     target = parse_target(opts["target"])
-    saved = _saved_choice(folder, optimise(model.mod))
+    optimised = optimise(model.mod)
+    saved = _saved_choice(folder, optimised)
     if saved is not None:                                   # a former call's build: measure nothing
         database = C.open_database(folder)
-        C.warn_untuned(fuse(optimise(model.mod), target), database, target, f"removing {folder} tunes them afresh")
+        C.warn_untuned(fuse(optimised, target), database, target, f"removing {folder} tunes them afresh")
         ex = C.build_tuned(model, database, target, *saved)
         error = C.check(ex, model)
         return ex, f"rebuilt from {folder} (nothing measured), max error {error:.1e}"
