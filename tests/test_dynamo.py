@@ -50,6 +50,8 @@ def test_the_dynamo_backend_tunes_each_graph_and_reuses_its_work_dir(tmp_path, m
     err = capsys.readouterr().err
     assert err.count("trials measured") == 2, err             # one line per graph: both pieces were compiled
     untuned = _no_record(err)                                 # 2 trials leave kernels untuned: named once each
+    assert untuned and all(f"removing {tmp_path / 'graph-'}" in line and "a larger `trials` option" in line
+                           for line in err.splitlines() if "no record in the tuning database" in line), err
     assert len(list(tmp_path.glob("graph-*/compiled.json"))) == 2
 
     def refuse(*_a, **_k):

@@ -88,6 +88,12 @@ def _saved_choice(folder: Path, optimised) -> tuple[dict, bool] | None:
             bool(saved.get("serial")))
 
 
+def _remedy(folder: Path) -> str:
+    """What tunes a graph's kernels that have no record, for the warning naming them: its folder
+    removed, and a larger budget where the trials left them untuned."""
+    return f"removing {folder} tunes them afresh, with a larger `trials` option if the budget left them"
+
+
 def _compile(model, folder: Path, opts: dict):
     """Tune ``model`` into ``folder`` (unless a former call did) and build it: (executable, summary)."""
     from .model import compile as C
@@ -100,7 +106,7 @@ def _compile(model, folder: Path, opts: dict):
     saved = _saved_choice(folder, optimised)
     if saved is not None:                                   # a former call's build: measure nothing
         database = C.open_database(folder)
-        C.warn_untuned(fuse(optimised, target), database, target, f"removing {folder} tunes them afresh")
+        C.warn_untuned(fuse(optimised, target), database, target, _remedy(folder))
         ex = C.build_tuned(model, database, target, *saved)
         error = C.check(ex, model)
         return ex, f"rebuilt from {folder} (nothing measured), max error {error:.1e}"
@@ -108,7 +114,7 @@ def _compile(model, folder: Path, opts: dict):
     result = tune_model(model, target, trials=opts["trials"], strategy=opts["strategy"], work_dir=folder,
                         resume=resume, library=opts["library"], spaces=opts["spaces"])
     best = C.build_best(model, C.open_database(folder), target, library=opts["library"],
-                        library_times=result.library_times)
+                        library_times=result.library_times, remedy=_remedy(folder))
     write_json(folder / CHOICE, {"build": best.best.name, "seconds": best.best.seconds, "serial": best.best.serial,
                                   "library": {repr(op): impl for op, impl in best.best.library.items()}})
     return best.best.executable, (f"{result.new_trials} trials measured, {best.best.name} build "

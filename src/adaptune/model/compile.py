@@ -52,8 +52,11 @@ def untuned_kernels(fused, database, target) -> list[str]:
     return [name for name, _, mod in kernels(fused) if database.query_tuning_record(mod, target, name) is None]
 
 
-def warn_untuned(fused, database, target,
-                 remedy: str = "`adaptune tune` with --resume on its work dir tunes them") -> None:
+#: what tunes the kernels ``warn_untuned`` names, for a model built from the CLI's work dir
+TUNE_RESUME = "`adaptune tune` with --resume on its work dir tunes them"
+
+
+def warn_untuned(fused, database, target, remedy: str = TUNE_RESUME) -> None:
     """One stderr line naming the kernels of ``fused`` that ``untuned_kernels`` finds, if any, and
     ``remedy``, what tunes them."""
     missing = untuned_kernels(fused, database, target)
@@ -207,7 +210,7 @@ def winograd_caps(choices) -> list[tuple[str, dict]]:
 
 
 def build_best(model, database, target=None, *, library: bool = True, inputs=None, rounds: int = 3,
-               library_times: dict | None = None) -> BestBuild:
+               library_times: dict | None = None, remedy: str = TUNE_RESUME) -> BestBuild:
     """Build the model all generated (with Winograd's generated GEMMs where ``library.plan`` timed them
     faster than the direct kernel, with ``winograd_caps``' subsets of those, and without), with every
     chain oneDNN can run on oneDNN, and with the per-chain choice of ``library.plan`` (the last two
@@ -219,14 +222,14 @@ def build_best(model, database, target=None, *, library: bool = True, inputs=Non
     model is no slower than either extreme, up to what a machine whose slow phases reorder the
     builds leaves: about 2% on a noisy VM, decisions.md).
     ``library_times``: the chains' library timings this run has measured already (``tune_model``'s),
-    reused."""
+    reused.  ``remedy``: what tunes the kernels with no record, in the warning that names them."""
     from .library import chosen, eligible, generated_choice, plan
     target = parse_target(target)
     inputs = inputs if inputs is not None else model.example_inputs()
     optimised = optimise(model.mod)
     choices = plan(optimised, database, target, library_times, library=library)
     fused = fuse(optimised, target)
-    warn_untuned(fused, database, target)
+    warn_untuned(fused, database, target, remedy)
     winograd = generated_choice(choices)
     all_generated = [("generated", winograd)] + winograd_caps(choices)
     variants = [(name, ops, False, None) for name, ops in all_generated]
