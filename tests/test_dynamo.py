@@ -26,9 +26,14 @@ class Broken(nn.Module):
         return {"logits": self.fc(y.flatten(1)) + self.emb(ids).sum(1), "features": y}
 
 
+def _no_record_lines(err: str) -> list[str]:
+    """The missing-record warnings' lines."""
+    return [line for line in err.splitlines() if "no record in the tuning database" in line]
+
+
 def _no_record(err: str) -> list[str]:
     """The missing-record warnings' lines, each up to the kernels it names."""
-    return [line.split("): they run")[0] for line in err.splitlines() if "no record in the tuning database" in line]
+    return [line.split("): they run")[0] for line in _no_record_lines(err)]
 
 
 def _compiled(model, work_dir):
@@ -51,7 +56,7 @@ def test_the_dynamo_backend_tunes_each_graph_and_reuses_its_work_dir(tmp_path, m
     assert err.count("trials measured") == 2, err             # one line per graph: both pieces were compiled
     untuned = _no_record(err)                                 # 2 trials leave kernels untuned: named once each
     assert untuned and all(f"removing {tmp_path / 'graph-'}" in line and "a larger `trials` option" in line
-                           for line in err.splitlines() if "no record in the tuning database" in line), err
+                           for line in _no_record_lines(err)), err
     assert len(list(tmp_path.glob("graph-*/compiled.json"))) == 2
 
     def refuse(*_a, **_k):
